@@ -1,0 +1,7 @@
+"""`python -m container_entry ...` is the same as the `container-entry` console script."""
+
+import sys
+
+from container_entry.cli import main
+
+sys.exit(main())

@@ -1,0 +1,111 @@
+"""Where the hosts come from: one small class per cluster source behind one interface.
+
+Each source says whether it applies (`detect`) and, if so, which hosts form the job, which one
+this is and who the master is. Sources are tried in order; the local one always applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from container_entry.environment import Environment
+from container_entry.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Topology:
+    source: str  # "sagemaker" | "local"
+    hosts: tuple[str, ...]
+    current_host: str
+    node_rank: int
+    master_addr: str
+    network_interface: str | None = None
+    instance_type: str | None = None
+    instance_groups: tuple[dict[str, Any], ...] = ()
+
+
+class SageMakerCluster:
+    """SageMaker's resourceconfig.json.
+
+    Hosts are sorted and node rank is the index of `current_host`, master the first host, as the
+    incumbent does. Heterogeneous clusters: `instance_groups` list their hosts in no particular
+    order; all groups join ONE DDP world, ordered by the sorted union of every host (the
+    top-level `hosts`), so every container computes the same ranks whatever order the groups
+    are listed in. torchrun's static rendezvous accepts a different worker count per host, so a
+    group of 8-GPU hosts and one of 4-GPU hosts simply contribute 8 and 4 workers each.
+    """
+
+    name: ClassVar[str] = "sagemaker"
+
+    @staticmethod
+    def detect(env: Environment) -> bool:
+        return env.resource_config is not None
+
+    @staticmethod
+    def topology(env: Environment) -> Topology:
+        config = env.resource_config or {}
+        where = env.config_dir / "resourceconfig.json"
+        current = config.get("current_host")
+        if not isinstance(current, str) or not current:
+            raise ConfigError(f"{where}: 'current_host' is missing or not a string")
+        groups = config.get("instance_groups") or []
+        if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+            raise ConfigError(f"{where}: 'instance_groups' must be a list of objects")
+        group_hosts = [h for g in groups for h in (g.get("hosts") or [])]
+        hosts = config.get("hosts", group_hosts)
+        if (
+            not isinstance(hosts, list)
+            or not hosts
+            or not all(isinstance(h, str) and h for h in hosts)
+        ):
+            raise ConfigError(f"{where}: 'hosts' must be a non-empty list of host names")
+        unknown = sorted(set(group_hosts) - set(hosts))
+        if unknown:
+            raise ConfigError(f"{where}: instance_groups name hosts not in 'hosts': {unknown}")
+        ordered = tuple(sorted(set(hosts)))
+        if current not in ordered:
+            raise ConfigError(f"{where}: current_host {current!r} is not in hosts {list(ordered)}")
+        interface = config.get("network_interface_name")
+        return Topology(
+            source=SageMakerCluster.name,
+            hosts=ordered,
+            current_host=current,
+            node_rank=ordered.index(current),
+            master_addr=ordered[0],
+            network_interface=interface if isinstance(interface, str) and interface else None,
+            instance_type=config.get("current_instance_type"),
+            instance_groups=tuple(groups),
+        )
+
+
+class LocalCluster:
+    """A plain `docker run`: one host, this one; the rendezvous stays on loopback."""
+
+    name: ClassVar[str] = "local"
+
+    @staticmethod
+    def detect(env: Environment) -> bool:
+        return True
+
+    @staticmethod
+    def topology(env: Environment) -> Topology:
+        return Topology(
+            source=LocalCluster.name,
+            hosts=(env.hostname,),
+            current_host=env.hostname,
+            node_rank=0,
+            master_addr="127.0.0.1",
+        )
+
+
+SOURCES: Sequence[type[SageMakerCluster] | type[LocalCluster]] = (SageMakerCluster, LocalCluster)
+
+
+def resolve_topology(env: Environment) -> Topology:
+    """The first source that detects itself decides the topology."""
+    for source in SOURCES:
+        if source.detect(env):
+            return source.topology(env)
+    raise AssertionError("LocalCluster always detects")  # pragma: no cover

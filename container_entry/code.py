@@ -1,0 +1,85 @@
+"""Fetch the user's code to where the plan says it runs, and install its requirements."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+from urllib.parse import urlparse
+
+from container_entry.errors import CodeError
+from container_entry.logs import log
+from container_entry.plan import Plan
+
+
+def _safe_extract(archive: Path, target: Path) -> None:
+    """Extract a sourcedir tarball, refusing members that would land outside `target`."""
+    try:
+        with tarfile.open(archive) as tar:
+            root = target.resolve()
+            for member in tar.getmembers():
+                destination = (root / member.name).resolve()
+                if root != destination and root not in destination.parents:
+                    raise CodeError(f"{archive}: member {member.name!r} escapes the code directory")
+                if member.issym() or member.islnk() or member.isdev():
+                    raise CodeError(f"{archive}: member {member.name!r} is a link or device")
+            target.mkdir(parents=True, exist_ok=True)
+            tar.extractall(target)
+    except (tarfile.TarError, OSError) as error:
+        raise CodeError(f"{archive}: cannot extract ({error})") from None
+
+
+def _download_s3(url: str, destination: Path, environ: dict[str, str]) -> None:
+    parsed = urlparse(url)
+    try:
+        import boto3
+    except ImportError:
+        raise CodeError(f"{url}: boto3 is not installed, cannot fetch code from S3") from None
+    endpoint = environ.get("AWS_ENDPOINT_URL_S3") or environ.get("AWS_ENDPOINT_URL")
+    region = environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
+    try:
+        client = boto3.client("s3", endpoint_url=endpoint, region_name=region)
+        client.download_file(parsed.netloc, parsed.path.lstrip("/"), str(destination))
+    except Exception as error:  # botocore raises many types; all mean "could not fetch"
+        raise CodeError(f"{url}: cannot download ({error})") from None
+
+
+def prepare(plan: Plan, environ: dict[str, str]) -> Path:
+    """Materialise the code directory; returns the entry script's path (checked to exist)."""
+    source = plan.code
+    code_dir = Path(source.code_dir)
+    if source.kind == "s3":
+        log(f"fetching code from {source.location}")
+        with tempfile.TemporaryDirectory() as tmp:
+            archive = Path(tmp) / "sourcedir.tar.gz"
+            _download_s3(source.location, archive, environ)
+            _safe_extract(archive, code_dir)
+    elif source.kind == "archive":
+        log(f"extracting code from {source.location}")
+        _safe_extract(Path(source.location), code_dir)
+    script = code_dir / plan.program
+    if not script.is_file():
+        where = f"{code_dir}" + (f" (from {source.location})" if source.kind != "directory" else "")
+        try:
+            found = ", ".join(sorted(os.listdir(code_dir))[:10]) or "empty"
+        except OSError:
+            found = "directory missing"
+        raise CodeError(f"entry script {plan.program!r} not found in {where}; found: {found}")
+    return script
+
+
+def install_requirements(plan: Plan, python: str) -> None:
+    """`pip install -r requirements.txt` once per host, before any worker starts."""
+    requirements = Path(plan.code.code_dir) / "requirements.txt"
+    if not plan.install_requirements or not requirements.is_file():
+        return
+    log(f"installing {requirements}")
+    pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements)]
+    if shutil.which(python) is None and not Path(python).exists():
+        raise CodeError(f"{requirements}: no python at {python} to install with")
+    result = subprocess.run(pip, check=False)
+    if result.returncode != 0:
+        raise CodeError(f"{requirements}: pip install failed with exit code {result.returncode}")

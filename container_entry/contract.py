@@ -1,0 +1,90 @@
+"""The SM_* environment contract that sagemaker-training exports to user scripts.
+
+Pure: built from the topology, the hyperparameters and the paths, formatted with
+sagemaker-training's own `mapping.to_env_vars` so values look exactly like the incumbent's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from container_entry.cluster import Topology
+
+# sagemaker_* keys the bootstrap itself understands; the rest are passed on as framework params
+KNOWN_SAGEMAKER_KEYS = frozenset(
+    {
+        "sagemaker_program",
+        "sagemaker_submit_directory",
+        "sagemaker_region",
+        "sagemaker_job_name",
+        "sagemaker_container_log_level",
+    }
+)
+
+
+def sm_env(
+    *,
+    base_dir: Path,
+    topology: Topology,
+    user_hyperparameters: Mapping[str, Any],
+    sagemaker_hyperparameters: Mapping[str, Any],
+    user_args: list[str],
+    program: str,
+    module_dir: str,
+    channels: Mapping[str, str],
+    resource_config: Mapping[str, Any],
+    input_data_config: Mapping[str, Any],
+    num_gpus: int,
+    num_cpus: int,
+    environ: Mapping[str, str],
+) -> dict[str, str]:
+    """SM_* variables, keyed and valued as sagemaker-training's Environment.to_env_vars."""
+    from sagemaker_training import mapping
+
+    current_group = next(
+        (g for g in topology.instance_groups if topology.current_host in (g.get("hosts") or [])),
+        None,
+    )
+    values: dict[str, Any] = {
+        "hosts": list(topology.hosts),
+        "network_interface_name": topology.network_interface or "eth0",
+        "hps": dict(user_hyperparameters),
+        "user_entry_point": program,
+        "framework_params": {
+            k: v for k, v in sagemaker_hyperparameters.items() if k not in KNOWN_SAGEMAKER_KEYS
+        },
+        "resource_config": dict(resource_config),
+        "input_data_config": dict(input_data_config),
+        "output_data_dir": str(base_dir / "output" / "data"),
+        "channels": sorted(channels),
+        "current_host": topology.current_host,
+        "current_instance_type": topology.instance_type or "local",
+        "current_instance_group": (current_group or {}).get(
+            "instance_group_name", "homogeneousCluster"
+        ),
+        "current_instance_group_hosts": list((current_group or {}).get("hosts") or topology.hosts),
+        "instance_groups": [g.get("instance_group_name") for g in topology.instance_groups]
+        or ["homogeneousCluster"],
+        "is_hetero": len(topology.instance_groups) > 1,
+        "module_name": program[:-3] if program.endswith(".py") else program,
+        "log_level": 20,
+        "framework_module": environ.get("SAGEMAKER_TRAINING_MODULE"),
+        "input_dir": str(base_dir / "input"),
+        "input_config_dir": str(base_dir / "input" / "config"),
+        "output_dir": str(base_dir / "output"),
+        "num_cpus": num_cpus,
+        "num_gpus": num_gpus,
+        "num_neurons": 0,
+        "model_dir": str(base_dir / "model"),
+        "module_dir": module_dir,
+        "user_args": user_args,
+        "output_intermediate_dir": str(base_dir / "output" / "intermediate"),
+    }
+    values["training_env"] = dict(values)
+    for name, path in channels.items():
+        values[f"channel_{name}"] = path
+    for key, value in user_hyperparameters.items():
+        values[f"hp_{key}"] = value
+    return {k: str(v) for k, v in mapping.to_env_vars(values).items()}

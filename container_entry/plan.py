@@ -1,0 +1,244 @@
+"""Pure resolution: Environment -> Plan. No I/O, no side effects; print it, test it, run it."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from container_entry import contract, gpus, hyperparameters, settings
+from container_entry.cluster import Topology, resolve_topology
+from container_entry.environment import Environment
+from container_entry.errors import ConfigError
+from container_entry.secrets import mask_argv, mask_mapping, redact, secret_values
+
+TORCHRUN = ("-m", "torch.distributed.run")
+
+# What an unmodified HF Trainer / Accelerate script needs to run as DDP on a host with no GPU
+# (see docs/cpu-ddp.md): set only when no GPU is visible, never over a user's value.
+CPU_DDP_ENV: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class EnvVar:
+    value: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CodeSource:
+    kind: str  # "directory" | "s3" | "archive" | "cli"
+    location: str  # where the code comes from
+    code_dir: str  # where the entry script runs from (cwd of the workers)
+
+
+@dataclass(frozen=True)
+class Plan:
+    mode: str
+    hosts: tuple[str, ...]
+    current_host: str
+    node_rank: int
+    master_addr: str
+    master_port: int
+    nproc_per_node: str  # what torchrun will use; a string because PET_ may say "gpu"/"auto"
+    nproc_source: str
+    backend: str
+    num_gpus: int
+    program: str
+    code: CodeSource
+    user_args: tuple[str, ...]
+    hyperparameters: dict[str, Any]
+    argv: tuple[str, ...]  # the torchrun command line, the script and its arguments
+    env: dict[str, EnvVar]  # variables the bootstrap adds, each with its reason
+    user_env_kept: tuple[str, ...]  # variables we would have set but the user already had
+    settings: dict[str, Any] = field(default_factory=dict)
+    install_requirements: bool = True
+
+    def to_dict(self, *, masked: bool = True) -> dict[str, Any]:
+        data = asdict(self)
+        data["env"] = {k: {"value": v.value, "reason": v.reason} for k, v in self.env.items()}
+        if masked:
+            for name, item in data["env"].items():
+                item["value"] = mask_mapping({name: item["value"]})[name]
+            data["argv"] = mask_argv(self.argv)
+            data["user_args"] = mask_argv(self.user_args)
+            data["hyperparameters"] = mask_mapping(self.hyperparameters)
+            data = redact(data, self._secrets())
+        return data
+
+    def _secrets(self) -> list[str]:
+        env_values = {name: var.value for name, var in self.env.items()}
+        return secret_values({**self.hyperparameters, **env_values})
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
+
+    def summary(self) -> str:
+        """The compact block printed at start."""
+        hosts = ", ".join(self.hosts)
+        env_names = " ".join(sorted(k for k in self.env if not k.startswith("SM_")))
+        sm_count = sum(1 for k in self.env if k.startswith("SM_"))
+        lines = [
+            f"mode        {self.mode}",
+            f"hosts       {len(self.hosts)}: {hosts}",
+            f"this host   {self.current_host} (node rank {self.node_rank})",
+            f"master      {self.master_addr}:{self.master_port}",
+            f"workers     {self.nproc_per_node} per host ({self.nproc_source}), {self.backend}",
+            f"code        {self.code.code_dir}/{self.program} ({self.code.kind}: "
+            f"{self.code.location})",
+            f"argv        {' '.join(mask_argv(self.argv))}",
+            f"env added   {sm_count} SM_* + {env_names or '-'}",
+        ]
+        if self.user_env_kept:
+            lines.append(f"env kept    {' '.join(self.user_env_kept)} (set by you)")
+        return str(redact("\n".join(lines), self._secrets()))
+
+
+def _program(env: Environment, sagemaker_hps: Mapping[str, Any]) -> str:
+    if env.cli_args:
+        return posixpath.basename(env.cli_args[0])
+    program = env.environ.get("SAGEMAKER_PROGRAM") or sagemaker_hps.get("sagemaker_program")
+    if not program or not isinstance(program, str):
+        raise ConfigError(
+            "no entry script: set SAGEMAKER_PROGRAM or hyperparameter sagemaker_program, "
+            "or run `train SCRIPT [ARGS...]`"
+        )
+    return program
+
+
+def _code_source(env: Environment, program: str, sagemaker_hps: Mapping[str, Any]) -> CodeSource:
+    base = str(env.base_dir)
+    extracted = posixpath.join(base, "code")
+    if env.cli_args:
+        script = posixpath.join(env.cwd, env.cli_args[0])
+        return CodeSource("cli", env.cli_args[0], posixpath.dirname(posixpath.normpath(script)))
+    submit = sagemaker_hps.get("sagemaker_submit_directory") or env.environ.get(
+        "SAGEMAKER_SUBMIT_DIRECTORY"
+    )
+    if submit:
+        submit = str(submit)
+        if submit.startswith("s3://"):
+            return CodeSource("s3", submit, extracted)
+        if submit.endswith((".tar.gz", ".tgz")):
+            return CodeSource("archive", submit, extracted)
+        return CodeSource("directory", submit, submit)
+    channel = posixpath.join(base, "input", "data", "code")
+    if env.code_channel_entries:
+        archives = [e for e in env.code_channel_entries if e.endswith((".tar.gz", ".tgz"))]
+        if program not in env.code_channel_entries and archives:
+            return CodeSource("archive", posixpath.join(channel, archives[0]), extracted)
+        return CodeSource("directory", channel, channel)
+    return CodeSource("directory", extracted, extracted)
+
+
+def _channels(env: Environment) -> dict[str, str]:
+    names = set(env.input_data_config) | set(env.local_channels)
+    return {name: str(env.base_dir / "input" / "data" / name) for name in sorted(names)}
+
+
+def _torchrun_flags(
+    environ: Mapping[str, str], flags: Mapping[str, str]
+) -> tuple[list[str], list[str]]:
+    """torchrun flags, leaving out every one the user set as PET_<FLAG> (torchrun reads it)."""
+    argv: list[str] = []
+    kept: list[str] = []
+    for flag, value in flags.items():
+        pet = "PET_" + flag.upper().replace("-", "_")
+        if pet in environ:
+            kept.append(pet)
+        else:
+            argv += [f"--{flag}", value]
+    return argv, kept
+
+
+def build_plan(env: Environment) -> Plan:
+    """Decide everything about the launch; raises ConfigError naming the bad file or value."""
+    topology: Topology = resolve_topology(env)
+    hps = hyperparameters.split(env.hyperparameters)
+    knobs = settings.resolve(env.environ, hps.knobs)
+    gpu = gpus.count_gpus(env.environ, env.nvidia_smi)
+    program = _program(env, hps.sagemaker)
+    code = _code_source(env, program, hps.sagemaker)
+    user_args = list(env.cli_args[1:]) if env.cli_args else hyperparameters.to_args(hps.user)
+    user_hps = dict(hps.user)
+
+    nproc, nproc_source = (str(gpu.count), gpu.source) if gpu.count else ("1", "no GPU: CPU")
+    if "PET_NPROC_PER_NODE" in env.environ:
+        nproc, nproc_source = env.environ["PET_NPROC_PER_NODE"], "PET_NPROC_PER_NODE"
+    flags, pet_kept = _torchrun_flags(
+        env.environ,
+        {
+            "nnodes": str(len(topology.hosts)),
+            "nproc-per-node": str(gpu.count or 1),
+            "node-rank": str(topology.node_rank),
+            "master-addr": topology.master_addr,
+            "master-port": str(knobs["master_port"]),
+            "max-restarts": str(knobs["max_restarts"]),
+        },
+    )
+    master_port = int(env.environ.get("PET_MASTER_PORT") or knobs["master_port"])
+    master_addr = env.environ.get("PET_MASTER_ADDR") or topology.master_addr
+    script = posixpath.join(code.code_dir, program)
+    python_flags = [] if program.endswith(".py") else ["--no-python"]
+    argv = (env.python, *TORCHRUN, *flags, *python_flags, script, *user_args)
+
+    wanted: dict[str, EnvVar] = {}
+    sm = contract.sm_env(
+        base_dir=env.base_dir,
+        topology=topology,
+        user_hyperparameters=user_hps,
+        sagemaker_hyperparameters=hps.sagemaker,
+        user_args=user_args,
+        program=program,
+        module_dir=code.location if code.kind in ("s3", "archive") else code.code_dir,
+        channels=_channels(env),
+        resource_config=env.resource_config or {},
+        input_data_config=env.input_data_config,
+        num_gpus=gpu.count,
+        num_cpus=env.cpu_count,
+        environ=env.environ,
+    )
+    for name, value in sm.items():
+        wanted[name] = EnvVar(value, "SageMaker contract (as sagemaker-training exports it)")
+    job_name = env.environ.get("TRAINING_JOB_NAME") or hps.sagemaker.get("sagemaker_job_name")
+    if job_name:
+        wanted["SAGEMAKER_JOB_NAME"] = EnvVar(str(job_name), "transformers detects SageMaker")
+    wanted["CURRENT_HOST"] = EnvVar(topology.current_host, "SageMaker contract")
+    wanted["PYTHONUNBUFFERED"] = EnvVar("1", "live logs: print reaches stdout at once")
+    wanted["PYTHONPATH"] = EnvVar(code.code_dir, "user modules importable, as the incumbent")
+    if topology.network_interface:
+        for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
+            wanted[name] = EnvVar(topology.network_interface, "interface from resourceconfig")
+    if gpu.count:
+        wanted["NCCL_HOSTID"] = EnvVar(
+            topology.current_host, "host identity for NCCL (replaces the DLC gethostname shim)"
+        )
+    else:
+        for name, value in CPU_DDP_ENV.items():
+            wanted[name] = EnvVar(value, "no GPU: HF Trainer/Accelerate run DDP on gloo")
+
+    added = {k: v for k, v in wanted.items() if k not in env.environ}
+    kept = sorted({k for k in wanted if k in env.environ} | set(pet_kept))
+    return Plan(
+        mode=topology.source,
+        hosts=topology.hosts,
+        current_host=topology.current_host,
+        node_rank=topology.node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        nproc_per_node=nproc,
+        nproc_source=nproc_source,
+        backend="nccl" if gpu.count else "gloo",
+        num_gpus=gpu.count,
+        program=program,
+        code=code,
+        user_args=tuple(user_args),
+        hyperparameters=user_hps,
+        argv=tuple(argv),
+        env=added,
+        user_env_kept=tuple(kept),
+        settings=knobs,
+        install_requirements=bool(knobs["install_requirements"]),
+    )

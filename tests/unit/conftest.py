@@ -1,0 +1,39 @@
+"""Hand-built Environments: the plan is pure, so unit tests need no files and no processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from container_entry.environment import Environment
+
+NVIDIA_SMI_4 = "\n".join(
+    f"GPU {i}: NVIDIA A10G (UUID: GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd)" for i in range(4)
+)
+
+
+def make_env(**overrides: Any) -> Environment:
+    values: dict[str, Any] = {
+        "base_dir": Path("/opt/ml"),
+        "environ": {"SAGEMAKER_PROGRAM": "train.py"},
+        "resource_config": {
+            "current_host": "algo-1",
+            "hosts": ["algo-1"],
+            "network_interface_name": "eth0",
+        },
+        "hyperparameters": {},
+        "input_data_config": {"train": {"TrainingInputMode": "File"}},
+        "nvidia_smi": None,
+        "cpu_count": 8,
+        "hostname": "container-abc",
+        "python": "/opt/venv/bin/python",
+    }
+    values.update(overrides)
+    return Environment(**values)
+
+
+@pytest.fixture
+def env_factory():
+    return make_env

@@ -1,0 +1,74 @@
+import pytest
+
+from container_entry import hyperparameters as hp
+from container_entry.errors import ConfigError
+
+# The same user intent as each client encodes it in hyperparameters.json.
+ENCODINGS = {
+    "sdk_v2_framework": {"epochs": "3", "lr": "0.001", "model": '"bert"', "fp16": "true"},
+    "generic_estimator_str": {"epochs": "3", "lr": "0.001", "model": "bert", "fp16": "True"},
+    "sdk_v3_raw": {"epochs": "3", "lr": "0.001", "model": "bert", "fp16": "true"},
+    "raw_api": {"epochs": "3", "lr": "1e-3", "model": "bert", "fp16": "TRUE"},
+}
+
+
+@pytest.mark.parametrize("encoding", sorted(ENCODINGS))
+def test_every_encoding_reaches_the_script_as_the_incumbent_renders_it(encoding):
+    args = hp.to_args(hp.split(ENCODINGS[encoding]).user)
+    assert args[0:2] == ["--epochs", "3"]
+    assert args[args.index("--model") + 1] == "bert"  # never '"bert"' with quotes
+    assert args[args.index("--fp16") + 1] in ("true", "True", "TRUE")
+    assert float(args[args.index("--lr") + 1]) == 0.001
+
+
+@pytest.mark.parametrize(
+    ("raw", "decoded"),
+    [
+        ('"bert"', "bert"),
+        ("3", 3),
+        ("0.5", 0.5),
+        ("true", True),
+        ("True", "True"),
+        ('{"a": 1}', {"a": 1}),
+        ("[1, 2]", [1, 2]),
+        ("not json {", "not json {"),
+        ("", ""),
+        (7, 7),
+    ],
+)
+def test_decode(raw, decoded):
+    assert hp.decode(raw) == decoded
+
+
+def test_reserved_keys_are_consumed_not_passed():
+    split = hp.split(
+        {
+            "sagemaker_program": '"train.py"',
+            "sagemaker_submit_directory": '"s3://b/k/sourcedir.tar.gz"',
+            "sagemaker_torch_distributed_enabled": "true",
+            "container_entry_master_port": "1234",
+            "epochs": "2",
+        }
+    )
+    assert split.user == {"epochs": 2}
+    assert split.sagemaker["sagemaker_program"] == "train.py"
+    assert split.knobs == {"master_port": 1234}
+    assert hp.to_args(split.user) == ["--epochs", "2"]
+
+
+def test_one_letter_keys_and_sorting_match_the_incumbent():
+    assert hp.to_args({"z": 1, "b": "x", "alpha": 2}) == ["--alpha", "2", "-b", "x", "-z", "1"]
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    ["a b  c", 'it\'s "quoted"', "$(touch /tmp/pwned)", "`id`", "line1\nline2", "; rm -rf /", ""],
+)
+def test_hostile_values_stay_literal(hostile):
+    # SDK v3 / raw API strings reach the script byte for byte, as one argv element
+    assert hp.to_args(hp.split({"v": hostile}).user) == ["-v", hostile]
+
+
+def test_invalid_key_is_an_error():
+    with pytest.raises(ConfigError, match="invalid key"):
+        hp.split({"": "1"})

@@ -1,0 +1,246 @@
+import json
+
+import pytest
+
+from container_entry.errors import ConfigError
+from container_entry.plan import build_plan
+from tests.unit.conftest import NVIDIA_SMI_4, make_env
+
+TWO_HOSTS = {
+    "current_host": "algo-2",
+    "hosts": ["algo-1", "algo-2"],
+    "network_interface_name": "eth0",
+}
+
+
+def flag(argv, name):
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def test_gpu_host_gets_one_worker_per_gpu_and_nccl():
+    plan = build_plan(make_env(resource_config=TWO_HOSTS, nvidia_smi=NVIDIA_SMI_4))
+    assert (plan.nproc_per_node, plan.backend, plan.node_rank) == ("4", "nccl", 1)
+    assert flag(plan.argv, "--nproc-per-node") == "4"
+    assert flag(plan.argv, "--nnodes") == "2"
+    assert flag(plan.argv, "--master-addr") == "algo-1"
+    assert plan.argv[:3] == ("/opt/venv/bin/python", "-m", "torch.distributed.run")
+    assert plan.env["NCCL_HOSTID"].value == "algo-2"
+    assert plan.env["NCCL_SOCKET_IFNAME"].value == "eth0"
+
+
+def test_cpu_host_gets_one_gloo_worker():
+    plan = build_plan(make_env())
+    assert (plan.nproc_per_node, plan.backend, plan.num_gpus) == ("1", "gloo", 0)
+    assert "NCCL_HOSTID" not in plan.env
+
+
+@pytest.mark.parametrize(
+    ("pet", "value", "absent_flag"),
+    [
+        ("PET_NPROC_PER_NODE", "2", "--nproc-per-node"),
+        ("PET_MASTER_PORT", "4242", "--master-port"),
+        ("PET_MASTER_ADDR", "10.0.0.5", "--master-addr"),
+        ("PET_NNODES", "1:2", "--nnodes"),
+        ("PET_MAX_RESTARTS", "3", "--max-restarts"),
+    ],
+)
+def test_pet_variables_win_and_are_never_overridden_on_the_command_line(pet, value, absent_flag):
+    environ = {"SAGEMAKER_PROGRAM": "train.py", pet: value}
+    plan = build_plan(make_env(environ=environ, nvidia_smi=NVIDIA_SMI_4))
+    assert absent_flag not in plan.argv  # torchrun reads PET_* itself; a flag would beat it
+    assert pet in plan.user_env_kept
+    assert pet not in plan.env
+
+
+def test_pet_values_are_what_the_plan_reports():
+    environ = {"SAGEMAKER_PROGRAM": "t.py", "PET_NPROC_PER_NODE": "2", "PET_MASTER_PORT": "4242"}
+    plan = build_plan(make_env(environ=environ))
+    assert (plan.nproc_per_node, plan.nproc_source, plan.master_port) == (
+        "2",
+        "PET_NPROC_PER_NODE",
+        4242,
+    )
+
+
+def test_user_environment_is_never_overwritten():
+    environ = {
+        "SAGEMAKER_PROGRAM": "train.py",
+        "SM_MODEL_DIR": "/mine",
+        "NCCL_SOCKET_IFNAME": "ib0",
+        "PYTHONUNBUFFERED": "0",
+    }
+    plan = build_plan(make_env(environ=environ, nvidia_smi=NVIDIA_SMI_4))
+    for name in ("SM_MODEL_DIR", "NCCL_SOCKET_IFNAME", "PYTHONUNBUFFERED"):
+        assert name not in plan.env
+        assert name in plan.user_env_kept
+
+
+def test_sagemaker_contract_variables():
+    env = make_env(
+        resource_config=TWO_HOSTS,
+        hyperparameters={"epochs": "2", "model_name": '"bert"', "sagemaker_program": '"t.py"'},
+        environ={"TRAINING_JOB_NAME": "job-1"},
+    )
+    values = {k: v.value for k, v in build_plan(env).env.items()}
+    assert values["SM_MODEL_DIR"] == "/opt/ml/model"
+    assert values["SM_CHANNEL_TRAIN"] == "/opt/ml/input/data/train"
+    assert json.loads(values["SM_HOSTS"]) == ["algo-1", "algo-2"]
+    assert values["SM_CURRENT_HOST"] == values["CURRENT_HOST"] == "algo-2"
+    assert json.loads(values["SM_HPS"]) == {"epochs": 2, "model_name": "bert"}
+    assert values["SM_HP_EPOCHS"] == "2" and values["SM_HP_MODEL_NAME"] == "bert"
+    assert values["SM_NUM_GPUS"] == "0" and values["SM_NUM_CPUS"] == "8"
+    assert json.loads(values["SM_USER_ARGS"]) == ["--epochs", "2", "--model_name", "bert"]
+    assert json.loads(values["SM_TRAINING_ENV"])["current_host"] == "algo-2"
+    assert values["SAGEMAKER_JOB_NAME"] == "job-1"
+    assert values["SM_USER_ENTRY_POINT"] == "t.py"
+
+
+@pytest.mark.parametrize(
+    "hostile", ["a b", "$(touch /tmp/x)", "'; rm -rf / #", 'say "hi"', "two\nlines"]
+)
+def test_hostile_hyperparameters_are_single_literal_argv_elements(hostile):
+    plan = build_plan(make_env(hyperparameters={"note": json.dumps(hostile)}))
+    assert plan.argv[-2:] == ("--note", hostile)
+
+
+def test_program_from_hyperparameter_and_missing_program():
+    env = make_env(environ={}, hyperparameters={"sagemaker_program": '"fit.py"'})
+    assert build_plan(env).argv[-1] == "/opt/ml/code/fit.py"
+    with pytest.raises(ConfigError, match="no entry script"):
+        build_plan(make_env(environ={}))
+
+
+@pytest.mark.parametrize(
+    ("hps", "environ", "channel", "kind", "location", "code_dir"),
+    [
+        ({}, {}, (), "directory", "/opt/ml/code", "/opt/ml/code"),
+        (
+            {"sagemaker_submit_directory": '"s3://bkt/job/source/sourcedir.tar.gz"'},
+            {},
+            (),
+            "s3",
+            "s3://bkt/job/source/sourcedir.tar.gz",
+            "/opt/ml/code",
+        ),
+        (
+            {"sagemaker_submit_directory": '"/opt/ml/code"'},
+            {},
+            (),
+            "directory",
+            "/opt/ml/code",
+            "/opt/ml/code",
+        ),
+        (
+            {"sagemaker_submit_directory": '"/tmp/src.tar.gz"'},
+            {},
+            (),
+            "archive",
+            "/tmp/src.tar.gz",
+            "/opt/ml/code",
+        ),
+        (
+            {},
+            {},
+            ("sourcedir.tar.gz",),
+            "archive",
+            "/opt/ml/input/data/code/sourcedir.tar.gz",
+            "/opt/ml/code",
+        ),
+        (
+            {},
+            {},
+            ("train.py", "util.py"),
+            "directory",
+            "/opt/ml/input/data/code",
+            "/opt/ml/input/data/code",
+        ),
+        (
+            {},
+            {"SAGEMAKER_SUBMIT_DIRECTORY": "s3://b/k.tar.gz"},
+            ("train.py",),
+            "s3",
+            "s3://b/k.tar.gz",
+            "/opt/ml/code",
+        ),
+    ],
+    ids=["baked", "s3", "local-dir", "local-tar", "channel-tar", "channel-dir", "env-s3"],
+)
+def test_code_source(hps, environ, channel, kind, location, code_dir):
+    env = make_env(
+        hyperparameters=hps,
+        environ={"SAGEMAKER_PROGRAM": "train.py", **environ},
+        code_channel_entries=channel,
+    )
+    code = build_plan(env).code
+    assert (code.kind, code.location, code.code_dir) == (kind, location, code_dir)
+
+
+def test_local_cli_script_and_args():
+    env = make_env(
+        resource_config=None, environ={}, cwd="/work", cli_args=("src/fit.py", "--lr", "0.1", "x y")
+    )
+    plan = build_plan(env)
+    assert plan.mode == "local"
+    assert plan.code.code_dir == "/work/src"
+    assert plan.argv[-4:] == ("/work/src/fit.py", "--lr", "0.1", "x y")
+
+
+def test_non_python_program_runs_without_python():
+    plan = build_plan(make_env(environ={"SAGEMAKER_PROGRAM": "run.sh"}))
+    assert "--no-python" in plan.argv
+
+
+def test_knobs_env_beats_hyperparameter_and_prefix_is_consumed():
+    env = make_env(
+        hyperparameters={"container_entry_master_port": "1111", "epochs": "1"},
+        environ={"SAGEMAKER_PROGRAM": "t.py", "CONTAINER_ENTRY_MASTER_PORT": "2222"},
+    )
+    plan = build_plan(env)
+    assert plan.master_port == 2222
+    assert "--container_entry_master_port" not in plan.argv
+    assert plan.user_args == ("--epochs", "1")
+
+
+@pytest.mark.parametrize(
+    ("hps", "environ", "message"),
+    [
+        ({"container_entry_master_port": '"abc"'}, {}, "container_entry_master_port='abc'"),
+        ({"container_entry_master_port": "70000"}, {}, "not a TCP port"),
+        ({"container_entry_nope": "1"}, {}, "unknown hyperparameter container_entry_nope"),
+        ({}, {"CONTAINER_ENTRY_HOST_WAIT_TIMEOUT": "-1"}, "CONTAINER_ENTRY_HOST_WAIT_TIMEOUT"),
+        ({}, {"CONTAINER_ENTRY_TYPO": "1"}, "unknown environment variable CONTAINER_ENTRY_TYPO"),
+    ],
+)
+def test_bad_knob_values_name_the_value(hps, environ, message):
+    env = make_env(hyperparameters=hps, environ={"SAGEMAKER_PROGRAM": "t.py", **environ})
+    with pytest.raises(ConfigError, match=message):
+        build_plan(env)
+
+
+def test_secrets_are_masked_in_json_and_summary():
+    env = make_env(
+        hyperparameters={"hf_token": '"hf_SECRETVALUE"', "epochs": "1"},
+        environ={"SAGEMAKER_PROGRAM": "t.py"},
+    )
+    plan = build_plan(env)
+    assert "hf_SECRETVALUE" in plan.argv  # the script still gets it
+    text = plan.to_json() + plan.summary()
+    assert "hf_SECRETVALUE" not in text
+    assert json.loads(plan.to_json())["hyperparameters"]["hf_token"] == "****"
+
+
+def test_plan_json_has_the_documented_keys():
+    data = json.loads(build_plan(make_env()).to_json())
+    for key in (
+        "hosts",
+        "node_rank",
+        "master_addr",
+        "master_port",
+        "nproc_per_node",
+        "argv",
+        "env",
+        "hyperparameters",
+        "mode",
+    ):
+        assert key in data
+    assert all({"value", "reason"} <= set(item) for item in data["env"].values())
