@@ -29,12 +29,13 @@ class Topology:
 class SageMakerCluster:
     """SageMaker's resourceconfig.json.
 
-    Hosts are sorted and node rank is the index of `current_host`, master the first host, as the
-    incumbent does. Heterogeneous clusters: `instance_groups` list their hosts in no particular
-    order; all groups join ONE DDP world, ordered by the sorted union of every host (the
-    top-level `hosts`), so every container computes the same ranks whatever order the groups
-    are listed in. torchrun's static rendezvous accepts a different worker count per host, so a
-    group of 8-GPU hosts and one of 4-GPU hosts simply contribute 8 and 4 workers each.
+    Hosts are sorted and node rank is the index of `current_host`, master the first host, as
+    the incumbent does (loopback on a single host). Heterogeneous clusters: `instance_groups`
+    list their hosts in no particular order; all groups join ONE DDP world, ordered by the
+    sorted union of every host (the top-level `hosts`), so every container computes the same
+    ranks whatever order the groups are listed in. torchrun's static rendezvous accepts a
+    different worker count per host, so a group of 8-GPU hosts and one of 4-GPU hosts simply
+    contribute 8 and 4 workers each.
     """
 
     name: ClassVar[str] = "sagemaker"
@@ -73,7 +74,8 @@ class SageMakerCluster:
             hosts=ordered,
             current_host=current,
             node_rank=ordered.index(current),
-            master_addr=ordered[0],
+            # one host: the rendezvous never leaves it, so no DNS is needed at all
+            master_addr=ordered[0] if len(ordered) > 1 else "127.0.0.1",
             network_interface=interface if isinstance(interface, str) and interface else None,
             instance_type=config.get("current_instance_type"),
             instance_groups=tuple(groups),

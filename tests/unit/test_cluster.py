@@ -28,7 +28,7 @@ HETERO = {
 @pytest.mark.parametrize(
     ("config", "hosts", "rank", "master", "iface"),
     [
-        ({"current_host": "algo-1", "hosts": ["algo-1"]}, ("algo-1",), 0, "algo-1", None),
+        ({"current_host": "algo-1", "hosts": ["algo-1"]}, ("algo-1",), 0, "127.0.0.1", None),
         (
             {
                 "current_host": "algo-2",

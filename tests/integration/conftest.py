@@ -1,0 +1,102 @@
+"""Real /opt/ml trees in temp dirs and real bootstrap processes (no mocks)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TRAINER = REPO / "examples" / "hf_trainer_tiny.py"
+PROBE = REPO / "tests" / "scripts" / "ddp_probe.py"
+
+
+@dataclass
+class MlTree:
+    base: Path
+
+    @property
+    def output(self) -> Path:
+        return self.base / "output"
+
+    def summaries(self, pattern: str) -> list[dict]:
+        return [json.loads(p.read_text()) for p in sorted((self.output / "data").glob(pattern))]
+
+
+def make_tree(
+    root: Path,
+    *,
+    current_host: str = "algo-1",
+    hosts: tuple[str, ...] = ("algo-1",),
+    hyperparameters: dict[str, str] | None = None,
+    script: Path | None = PROBE,
+    interface: str = "lo",
+) -> MlTree:
+    """A SageMaker-shaped tree: config files, a train channel, code in /opt/ml/code."""
+    base = root / current_host / "ml"
+    config = base / "input" / "config"
+    config.mkdir(parents=True)
+    (config / "resourceconfig.json").write_text(
+        json.dumps(
+            {
+                "current_host": current_host,
+                "hosts": list(hosts),
+                "network_interface_name": interface,
+            }
+        )
+    )
+    (config / "hyperparameters.json").write_text(json.dumps(hyperparameters or {}))
+    (config / "inputdataconfig.json").write_text(
+        json.dumps(
+            {"train": {"TrainingInputMode": "File", "S3DistributionType": "FullyReplicated"}}
+        )
+    )
+    (base / "input" / "data" / "train").mkdir(parents=True)
+    (base / "code").mkdir()
+    if script is not None:
+        shutil.copy(script, base / "code" / script.name)
+    return MlTree(base)
+
+
+def bootstrap_env(tree: MlTree, **extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SM_", "PET_", "SAGEMAKER_", "CONTAINER_ENTRY_"))
+    }
+    env.update({"SAGEMAKER_BASE_DIR": str(tree.base), "CONTAINER_ENTRY_HOST_WAIT_TIMEOUT": "20"})
+    env.update(extra)
+    return env
+
+
+def bootstrap_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "container_entry", "train", *args]
+
+
+def with_hosts_file(argv: list[str], hosts_file: Path) -> list[str]:
+    """Run argv in a private mount namespace whose /etc/hosts is `hosts_file` (needs root):
+    each bootstrap resolves algo-N like a SageMaker container, the machine's file is untouched.
+    """
+    script = 'mount --bind "$0" /etc/hosts && exec "$@"'
+    return ["unshare", "--mount", "--", "sh", "-c", script, str(hosts_file), *argv]
+
+
+@pytest.fixture
+def hosts_file(tmp_path: Path) -> Path:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.fail("two-host tests need root and unshare (CI runs as root)")
+    path = tmp_path / "hosts"
+    path.write_text("127.0.0.1 localhost\n127.0.0.1 algo-1\n127.0.0.1 algo-2\n")
+    return path
+
+
+def run(argv: list[str], env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        argv, env=env, capture_output=True, text=True, timeout=timeout, cwd="/", check=False
+    )

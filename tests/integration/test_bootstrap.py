@@ -1,0 +1,115 @@
+"""The bootstrap in real processes: real torchrun, real gloo workers, real files."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+
+from tests.integration.conftest import (
+    TRAINER,
+    bootstrap_argv,
+    bootstrap_env,
+    make_tree,
+    run,
+    with_hosts_file,
+)
+
+V2_HPS = {  # SDK v2 framework estimator encoding: every value JSON-encoded
+    "epochs": "3",
+    "learning-rate": "0.005",
+    "model-type": '"bert"',
+    "note": json.dumps("two words; $(not run)"),
+    "sagemaker_program": '"hf_trainer_tiny.py"',
+    "sagemaker_container_log_level": "20",
+    "sagemaker_region": '"us-east-1"',
+}
+
+
+def test_hf_trainer_runs_as_two_worker_ddp_on_cpu(tmp_path):
+    tree = make_tree(tmp_path, hyperparameters=V2_HPS, script=TRAINER)
+    (tree.base / "model").mkdir()
+    (tree.base / "model" / "keep-me.txt").write_text("user file")
+    result = run(bootstrap_argv(), bootstrap_env(tree, PET_NPROC_PER_NODE="2"), timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    summaries = tree.summaries("rank-*.json")
+    assert [s["rank"] for s in summaries] == [0, 1]
+    for summary in summaries:
+        assert summary["world_size"] == 2 and summary["args_world_size"] == 2
+        assert "DISTRIBUTED" in summary["parallel_mode"].upper()
+        assert math.isfinite(summary["first_loss"]) and math.isfinite(summary["last_loss"])
+        assert summary["last_loss"] < summary["first_loss"]
+    assert summaries[0]["argv"] == summaries[1]["argv"]
+    argv = summaries[0]["argv"]
+    assert argv[argv.index("--note") + 1] == "two words; $(not run)"
+    assert not any(a.startswith("--sagemaker") for a in argv)
+
+    model_files = sorted(p.name for p in (tree.base / "model").iterdir())
+    assert len([n for n in model_files if n.endswith(".safetensors")]) == 1, model_files
+    assert (tree.base / "model" / "keep-me.txt").read_text() == "user file"
+    assert (tree.output / "success").exists() and not (tree.output / "failure").exists()
+
+
+def test_two_hosts_on_one_machine(tmp_path, hosts_file):
+    hosts = ("algo-1", "algo-2")
+    trees = [make_tree(tmp_path, current_host=h, hosts=hosts) for h in hosts]
+    hps_program = {
+        "SAGEMAKER_PROGRAM": "ddp_probe.py",
+        "PET_NPROC_PER_NODE": "2",
+        "CONTAINER_ENTRY_MASTER_PORT": "29611",
+    }
+    processes = [
+        subprocess.Popen(
+            with_hosts_file(bootstrap_argv(), hosts_file),
+            env=bootstrap_env(tree, **hps_program),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for tree in trees
+    ]
+    outputs = [p.communicate(timeout=180)[0] for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    ranks = {}
+    for host, tree in zip(hosts, trees, strict=True):
+        for summary in tree.summaries("probe-rank-*.json"):
+            assert summary["world_size"] == 4
+            assert summary["all_reduce"] == 1 + 2 + 3 + 4
+            assert summary["host"] == host
+            assert summary["env"]["GLOO_SOCKET_IFNAME"] == "lo"
+            ranks[summary["rank"]] = host
+        assert (tree.output / "success").exists()
+    assert ranks == {0: "algo-1", 1: "algo-1", 2: "algo-2", 3: "algo-2"}
+
+
+def test_peer_that_never_resolves_fails_fast_with_a_failure_file(tmp_path, hosts_file):
+    tree = make_tree(tmp_path, current_host="algo-1", hosts=("algo-1", "algo-9"))
+    env = bootstrap_env(
+        tree, SAGEMAKER_PROGRAM="ddp_probe.py", CONTAINER_ENTRY_HOST_WAIT_TIMEOUT="3"
+    )
+    started = time.monotonic()
+    result = run(with_hosts_file(bootstrap_argv(), hosts_file), env, timeout=60)
+    assert result.returncode == 3
+    assert time.monotonic() - started < 30
+    failure = (tree.output / "failure").read_text()
+    assert "algo-9" in failure and "did not resolve within 3 s" in failure
+
+
+def test_local_mode_script_and_args_on_the_command_line(tmp_path):
+    script = tmp_path / "hello.py"
+    script.write_text("import sys, os; print('ARGS', sys.argv[1:], os.environ['WORLD_SIZE'])\n")
+    base = tmp_path / "ml"  # no resourceconfig: local mode
+    env = bootstrap_env(make_tree_stub(base))
+    result = run(bootstrap_argv(str(script), "--x", "a b", "$(id)"), env, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ARGS ['--x', 'a b', '$(id)'] 1" in result.stdout
+    assert "mode        local" in result.stderr
+
+
+def make_tree_stub(base):
+    from tests.integration.conftest import MlTree
+
+    base.mkdir(parents=True)
+    return MlTree(base)
