@@ -18,7 +18,7 @@ TORCHRUN = ("-m", "torch.distributed.run")
 
 # What an unmodified HF Trainer / Accelerate script needs to run as DDP on a host with no GPU
 # (see docs/cpu-ddp.md): set only when no GPU is visible, never over a user's value.
-CPU_DDP_ENV: dict[str, str] = {}
+CPU_DDP_ENV: dict[str, str] = {"ACCELERATE_USE_CPU": "true"}
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class Plan:
             f"env added   {sm_count} SM_* + {env_names or '-'}",
         ]
         if self.user_env_kept:
-            lines.append(f"env kept    {' '.join(self.user_env_kept)} (set by you)")
+            lines.append(f"env kept    {' '.join(self.user_env_kept)} (already set: left as is)")
         return str(redact("\n".join(lines), self._secrets()))
 
 

@@ -244,3 +244,10 @@ def test_plan_json_has_the_documented_keys():
     ):
         assert key in data
     assert all({"value", "reason"} <= set(item) for item in data["env"].values())
+
+
+def test_cpu_host_tells_hf_trainer_and_accelerate_to_run_ddp_on_cpu():
+    assert build_plan(make_env()).env["ACCELERATE_USE_CPU"].value == "true"
+    assert "ACCELERATE_USE_CPU" not in build_plan(make_env(nvidia_smi=NVIDIA_SMI_4)).env
+    user = build_plan(make_env(environ={"SAGEMAKER_PROGRAM": "t.py", "ACCELERATE_USE_CPU": "no"}))
+    assert "ACCELERATE_USE_CPU" not in user.env and "ACCELERATE_USE_CPU" in user.user_env_kept

@@ -1,0 +1,221 @@
+"""A local SageMaker-like cluster: one container per host on a user-defined docker network.
+
+Each container gets its own /opt/ml tree (resourceconfig.json, hyperparameters.json,
+inputdataconfig.json, channels) bind-mounted, is reachable by its algo-N name as a network
+alias (its own hostname stays docker's random one, as on SageMaker), and runs `train`.
+Used by `make demo` and the docker tests.
+
+    python scripts/local_cluster.py --image IMAGE --hosts 2 --script examples/hf_trainer_tiny.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import docker
+
+
+@dataclass
+class HostResult:
+    host: str
+    tree: Path
+    exit_code: int
+    logs: str
+    seconds: float
+
+
+@dataclass
+class Cluster:
+    image: str
+    root: Path
+    hosts: tuple[str, ...] = ("algo-1", "algo-2")
+    hyperparameters: dict[str, str] = field(default_factory=dict)
+    environment: dict[str, str] = field(default_factory=dict)
+    channels: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    code: dict[str, bytes] = field(default_factory=dict)
+    command: list[str] | None = field(default_factory=lambda: ["train"])
+    interface: str = "eth0"
+
+    def tree(self, host: str) -> Path:
+        return self.root / host / "ml"
+
+    def _write_tree(self, host: str) -> Path:
+        base = self.tree(host)
+        config = base / "input" / "config"
+        config.mkdir(parents=True, exist_ok=True)
+        resource = {
+            "current_host": host,
+            "current_instance_type": "ml.c5.xlarge",
+            "current_group_name": "homogeneousCluster",
+            "hosts": list(self.hosts),
+            "instance_groups": [
+                {
+                    "instance_group_name": "homogeneousCluster",
+                    "instance_type": "ml.c5.xlarge",
+                    "hosts": list(reversed(self.hosts)),
+                }
+            ],
+            "network_interface_name": self.interface,
+        }
+        (config / "resourceconfig.json").write_text(json.dumps(resource))
+        (config / "hyperparameters.json").write_text(json.dumps(self.hyperparameters))
+        (config / "inputdataconfig.json").write_text(
+            json.dumps(
+                {
+                    name: {
+                        "TrainingInputMode": "File",
+                        "S3DistributionType": "FullyReplicated",
+                        "RecordWrapperType": "None",
+                    }
+                    for name in self.channels
+                }
+            )
+        )
+        for name, files in self.channels.items():
+            for filename, data in files.items():
+                path = base / "input" / "data" / name / filename
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+        for filename, data in self.code.items():
+            path = base / "code" / filename
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        for directory in ("model", "output", "checkpoints"):
+            (base / directory).mkdir(exist_ok=True)
+        return base
+
+    def run(self, timeout: float = 300, stream: bool = False) -> list[HostResult]:
+        """Start every host's container, wait for all to exit, collect logs; clean up."""
+        client = docker.from_env()
+        suffix = uuid.uuid4().hex[:8]
+        network = client.networks.create(f"ce-cluster-{suffix}", driver="bridge")
+        containers = []
+        try:
+            for host in self.hosts:
+                base = self._write_tree(host)
+                container = client.containers.create(
+                    self.image,
+                    command=self.command,
+                    name=f"ce-{host}-{suffix}",
+                    environment=self.environment,
+                    volumes={str(base): {"bind": "/opt/ml", "mode": "rw"}},
+                    network=network.name,
+                    shm_size="1g",
+                )
+                network.disconnect(container)  # reconnect with the algo-N alias
+                network.connect(container, aliases=[host])
+                containers.append((host, container))
+            started = time.monotonic()
+            for _, container in containers:
+                container.start()
+            printers = (
+                [
+                    threading.Thread(target=_stream, args=(host, c), daemon=True)
+                    for host, c in containers
+                ]
+                if stream
+                else []
+            )
+            for printer in printers:
+                printer.start()
+            results = []
+            for host, container in containers:
+                remaining = max(1.0, timeout - (time.monotonic() - started))
+                try:
+                    status = container.wait(timeout=remaining)["StatusCode"]
+                except Exception:  # requests' ReadTimeout: the host hung
+                    container.kill()
+                    status = -1
+                results.append(
+                    HostResult(
+                        host,
+                        self.tree(host),
+                        status,
+                        container.logs(stdout=True, stderr=True).decode(errors="replace"),
+                        time.monotonic() - started,
+                    )
+                )
+            for printer in printers:
+                printer.join(timeout=5)
+            return results
+        finally:
+            for _, container in containers:
+                container.remove(force=True)
+            network.remove()
+
+
+def _stream(host: str, container: Any) -> None:
+    for chunk in container.logs(stream=True, follow=True):
+        for line in chunk.decode(errors="replace").splitlines():
+            print(f"{host} | {line}", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--image", required=True)
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--workers-per-host", default="2")
+    parser.add_argument("--script", type=Path, default=Path("examples/hf_trainer_tiny.py"))
+    parser.add_argument("--data", type=Path, help="a .jsonl file for the train channel")
+    parser.add_argument(
+        "--hp",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="hyperparameter, JSON-encoded like SDK v2 framework estimators",
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the /opt/ml trees")
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="ce-cluster-"))
+    hps = {k: json.dumps(_literal(v)) for k, v in (item.split("=", 1) for item in args.hp)}
+    hps["sagemaker_program"] = json.dumps(args.script.name)
+    channels = {"train": {args.data.name: args.data.read_bytes()}} if args.data else {}
+    cluster = Cluster(
+        image=args.image,
+        root=root,
+        hosts=tuple(f"algo-{i + 1}" for i in range(args.hosts)),
+        hyperparameters=hps,
+        environment={"PET_NPROC_PER_NODE": args.workers_per_host},
+        channels=channels,
+        code={args.script.name: args.script.read_bytes()},
+    )
+    results = cluster.run(stream=True)
+    print("\n=== summary ===")
+    for result in results:
+        print(f"{result.host}: exit {result.exit_code} after {result.seconds:.1f} s")
+        for path in sorted((result.tree / "output" / "data").glob("rank-*.json")):
+            rank = json.loads(path.read_text())
+            print(
+                f"  rank {rank['rank']}/{rank['world_size']} on {rank['host']}: "
+                f"loss {rank['first_loss']:.4f} -> {rank['last_loss']:.4f} "
+                f"({rank['parallel_mode']})"
+            )
+        models = sorted(p.name for p in (result.tree / "model").iterdir())
+        print(f"  /opt/ml/model: {', '.join(models) or '(empty)'}")
+    if args.keep:
+        print(f"trees kept under {root}")
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return 0 if all(r.exit_code == 0 for r in results) else 1
+
+
+def _literal(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""The image, started the way SageMaker and users start it, on a real docker engine."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+from local_cluster import Cluster  # scripts/, put on sys.path by conftest
+
+from tests.docker.conftest import REPO
+
+TRAINER = REPO / "examples" / "hf_trainer_tiny.py"
+
+
+def docker_run(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["docker", "run", "--rm", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_two_hosts_train_with_ddp_and_no_distribution_flag(image, train_data, tmp_path):
+    cluster = Cluster(
+        image=image,
+        root=tmp_path,
+        hosts=("algo-1", "algo-2"),
+        hyperparameters={  # SDK v2 framework encoding; no sagemaker_*distributed* key at all
+            "epochs": "3",
+            "learning-rate": "0.005",
+            "model-type": '"bert"',
+            "sagemaker_program": '"hf_trainer_tiny.py"',
+            "sagemaker_submit_directory": '"/opt/ml/code"',
+            "sagemaker_region": '"us-east-1"',
+        },
+        environment={"PET_NPROC_PER_NODE": "2"},
+        channels={"train": {"data.jsonl": train_data}},
+        code={"hf_trainer_tiny.py": TRAINER.read_bytes()},
+    )
+    results = cluster.run(timeout=400)
+    logs = "\n".join(f"--- {r.host}\n{r.logs[-3000:]}" for r in results)
+    assert [r.exit_code for r in results] == [0, 0], logs
+
+    ranks = {}
+    for result in results:
+        assert (result.tree / "output" / "success").exists()
+        assert not (result.tree / "output" / "failure").exists()
+        for path in (result.tree / "output" / "data").glob("rank-*.json"):
+            summary = json.loads(path.read_text())
+            ranks[summary["rank"]] = summary
+            assert summary["host"] == result.host
+            assert summary["world_size"] == 4 and summary["args_world_size"] == 4
+            assert "DISTRIBUTED" in summary["parallel_mode"].upper()
+            assert summary["data"].endswith("data.jsonl")
+    assert sorted(ranks) == [0, 1, 2, 3], logs
+    first = ranks[0]
+    assert math.isfinite(first["last_loss"]) and first["last_loss"] < first["first_loss"]
+    assert all(r["argv"] == first["argv"] for r in ranks.values())
+
+    algo1, algo2 = (r.tree / "model" for r in results)
+    assert len(list(algo1.glob("*.safetensors"))) == 1
+    assert list(algo2.iterdir()) == []
+
+
+def test_docker_run_without_opt_ml_runs_the_script_from_the_command_line(image, tmp_path):
+    (tmp_path / "hello.py").write_text(
+        "import os, sys\n"
+        "print('HELLO', os.environ['RANK'], os.environ['WORLD_SIZE'], sys.argv[1:])\n"
+    )
+    result = docker_run(
+        "-v", f"{tmp_path}:/code:ro", image, "train", "/code/hello.py", "--x", "a b", "$(id)"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "HELLO 0 1 ['--x', 'a b', '$(id)']" in result.stdout
+    assert "mode        local" in result.stderr
+
+
+def test_no_arguments_and_passthrough_commands(image):
+    no_args = docker_run(image)
+    assert no_args.returncode == 2 and "no entry script" in no_args.stderr
+    python = docker_run(image, "python3", "-c", "import sys; print('py', sys.argv[1:])", "x y")
+    assert python.stdout.strip() == "py ['x y']"
+    shell = docker_run(image, "bash", "-c", 'echo "$0"', "literal $(id)")
+    assert shell.stdout.strip() == "literal $(id)"
+    plan = docker_run("-e", "SAGEMAKER_PROGRAM=x.py", image, "plan")
+    assert json.loads(plan.stdout)["mode"] == "local"
+
+
+def test_derived_image_runs_with_no_arguments(image, tmp_path):
+    (tmp_path / "job.py").write_text(
+        "import os\nprint('DERIVED', os.environ['WORLD_SIZE'], os.environ['SM_MODEL_DIR'])\n"
+    )
+    (tmp_path / "Dockerfile").write_text(
+        f"FROM {image}\nCOPY job.py /opt/ml/code/job.py\nENV SAGEMAKER_PROGRAM=job.py\n"
+    )
+    subprocess.run(
+        ["docker", "build", "-q", "-t", "container-entry-derived:test", str(tmp_path)],
+        check=True,
+        capture_output=True,
+    )
+    result = docker_run("-e", "PET_NPROC_PER_NODE=2", "container-entry-derived:test")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.count("DERIVED 2 /opt/ml/model") == 2
+
+
+def test_image_labels_and_layers(image, standin, docker_client):
+    ours = docker_client.images.get(image)
+    labels = ours.labels
+    assert labels["org.opencontainers.image.base.name"] == standin
+    assert labels["org.opencontainers.image.revision"] == "test"
+    assert labels["org.opencontainers.image.version"]
+    assert ours.attrs["Config"]["Entrypoint"] == ["container-entry"]
+    added = ours.attrs["Size"] - docker_client.images.get(standin).attrs["Size"]
+    assert added < 5_000_000, f"our layers add {added} bytes"
