@@ -91,7 +91,9 @@ def test_no_arguments_and_passthrough_commands(image):
 
 def test_derived_image_runs_with_no_arguments(image, tmp_path):
     (tmp_path / "job.py").write_text(
-        "import os\nprint('DERIVED', os.environ['WORLD_SIZE'], os.environ['SM_MODEL_DIR'])\n"
+        "import os, sys\n"
+        "env = os.environ\n"
+        "sys.stdout.write(f\"DERIVED {env['WORLD_SIZE']} {env['SM_MODEL_DIR']}\\n\")\n"
     )
     (tmp_path / "Dockerfile").write_text(
         f"FROM {image}\nCOPY job.py /opt/ml/code/job.py\nENV SAGEMAKER_PROGRAM=job.py\n"
