@@ -7,14 +7,19 @@ SageMaker and SDK v3 local mode run), `plan` prints the plan, any other command 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from container_entry import code, launch, network
+from container_entry import code, network
+from container_entry.coordination import Coordinator, Member
 from container_entry.environment import base_dir_from, read_environment
-from container_entry.errors import BootstrapError
-from container_entry.failure import Outcome, container_exit_code, describe_exit
+from container_entry.errors import BootstrapError, NetworkError
+from container_entry.failure import Outcome, verdict
+from container_entry.launch import Run, Supervisor
 from container_entry.logs import log, register_secrets
 from container_entry.plan import Plan, build_plan
 
@@ -42,37 +47,124 @@ def plan_command(cli_args: Sequence[str]) -> int:
     return 0
 
 
+def _check_port_free(port: int, what: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as error:
+            raise NetworkError(
+                f"{what} port {port} is in use on this host ({error.strerror}): "
+                "set CONTAINER_ENTRY_MASTER_PORT to a free port"
+            ) from None
+
+
+class Job:
+    """One host's part of the job: join the others, prepare, launch, report."""
+
+    def __init__(self, plan: Plan, environ: dict[str, str], base: Path) -> None:
+        self.plan = plan
+        self.environ = environ
+        self.base = base
+        self.run_dir = base / "output" / "data" / "container-entry"
+        self.coordinator: Coordinator | None = None
+        self.member: Member | None = None
+
+    def join(self) -> None:
+        """Multi-host: every host resolves, joins the side channel, before anything else."""
+        plan = self.plan
+        if len(plan.hosts) == 1:
+            return
+        network.wait_for_hosts(plan.hosts, float(plan.settings["host_wait_timeout"]))
+        if plan.node_rank == 0:
+            _check_port_free(plan.master_port, "master")
+            self.coordinator = Coordinator(plan.hosts, plan.coordination_port)
+        self.member = Member(plan.current_host, plan.master_addr, plan.coordination_port)
+        timeout = float(plan.settings["join_timeout"])
+        try:
+            self.member.join(timeout)
+        except NetworkError:
+            if self.coordinator and self.coordinator.missing():
+                raise NetworkError(
+                    f"host(s) {', '.join(self.coordinator.missing())} never joined the job "
+                    f"within {timeout:g} s"
+                ) from None
+            raise
+
+    def prepare(self) -> None:
+        if len(self.plan.hosts) == 1:
+            _check_port_free(self.plan.master_port, "master")
+        code.prepare(self.plan, self.environ)
+        code.install_requirements(self.plan, self.plan.argv[0])
+        for directory in (self.base / "model", self.run_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+
+    def run(self) -> Run:
+        supervisor = Supervisor(self.plan, self.environ, self.run_dir, self.member)
+        if self.member and self.member.aborted.is_set():  # a peer failed while we prepared
+            supervisor.run.remote_failure = self.member.abort or {}
+            return supervisor.run
+        process = supervisor.launch()
+        supervisor.monitor(process)
+        return supervisor.run
+
+    def post_failure(self, reason: str) -> None:
+        if self.member:
+            self.member.post_failure(
+                {
+                    "host": self.plan.current_host,
+                    "rank": None,
+                    "returncode": 2,
+                    "exception": {"type": "BootstrapError", "message": reason},
+                }
+            )
+
+    def finish(self, success: bool) -> None:
+        if self.member:
+            if success:
+                self.member.done()
+            self.member.close()
+        if self.coordinator:
+            self.coordinator.wait_finished(60.0 if success else 5.0)
+            self.coordinator.close()
+
+
 def train(cli_args: Sequence[str]) -> int:
-    """Resolve, prepare, launch; every outcome leaves a success or failure file."""
+    """Resolve, join, prepare, launch; every outcome leaves a success or failure file."""
     environ = dict(os.environ)
     base = base_dir_from(environ)
     outcome = Outcome(base)
+    job: Job | None = None
     try:
         plan = _resolve(cli_args)
         log("plan\n" + plan.summary())
-        if len(plan.hosts) > 1:
-            network.wait_for_hosts(plan.hosts, float(plan.settings["host_wait_timeout"]))
-        code.prepare(plan, environ)
-        code.install_requirements(plan, plan.argv[0])
-        for directory in (base / "model", base / "output" / "data"):
-            directory.mkdir(parents=True, exist_ok=True)
+        job = Job(plan, environ, base)
+        job.join()
+        job.prepare()
     except BootstrapError as error:
         log(f"error: {error}")
         outcome.failure(f"{type(error).__name__}: {error}")
+        if job:
+            job.post_failure(str(error))
+            job.finish(success=False)
         return error.exit_code
     except OSError as error:
         log(f"error: {error}")
         outcome.failure(f"OSError: {error}")
         return 2
-    status = launch.run(plan, environ)
-    if status == 0:
-        log("training finished: all workers exited 0")
-        outcome.success()
-        return 0
-    message = f"training failed on host {plan.current_host}: torchrun {describe_exit(status)}"
-    log(message)
-    outcome.failure(message)
-    return container_exit_code(status)
+    try:
+        run = job.run()
+        result = verdict(run, plan.current_host, job.run_dir)
+        if result.exit_code == 0:
+            log("training finished: all workers exited 0")
+            outcome.success()
+        else:
+            log(f"failed: {result.reason}")
+            outcome.failure(
+                result.reason, result.details, {"reason": result.reason, "ranks": run.results}
+            )
+        return result.exit_code
+    finally:
+        job.finish(success=locals().get("result") is not None and result.exit_code == 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -84,12 +176,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[0] in ("-h", "--help", "help"):
         print(USAGE, end="")
         return 0
-    try:
+    with contextlib.suppress(OSError):
         os.execvp(args[0], args)
-    except OSError as error:
-        log(f"error: cannot run {args[0]!r}: {error.strerror}")
-        return 127
-    return 0  # pragma: no cover - execvp does not return
+    log(f"error: cannot run {args[0]!r}: command not found or not executable")
+    return 127
 
 
 def train_main() -> int:

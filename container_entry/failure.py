@@ -1,15 +1,20 @@
-"""Outcome files SageMaker reads: <base>/output/success, <base>/output/failure."""
+"""Outcome files SageMaker reads (<base>/output/success, <base>/output/failure) and the
+verdict: one first line a user acts on, an exit code with meaning, full details on disk."""
 
 from __future__ import annotations
 
+import json
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from container_entry.logs import log, redact
 
 # SageMaker shows this many characters of the failure file as the job's FailureReason.
 FAILURE_REASON_LIMIT = 1024
+STOPPED_EXIT_CODE = 128 + signal.SIGTERM  # 143
 
 
 def describe_exit(code: int) -> str:
@@ -25,6 +30,107 @@ def describe_exit(code: int) -> str:
 def container_exit_code(code: int) -> int:
     """A process killed by signal N is reported as 128+N, the shell's convention."""
     return 128 - code if code < 0 else code
+
+
+def hint(record: dict[str, Any]) -> str | None:
+    """What the user should look at, where the symptom says it."""
+    code = record.get("returncode") or 0
+    text = " ".join(
+        str(part)
+        for part in (
+            (record.get("exception") or {}).get("message"),
+            record.get("fatal_error"),
+            *(record.get("stderr_tail") or [])[-10:],
+        )
+        if part
+    )
+    if "Watchdog caught collective operation timeout" in text or (
+        "NCCL" in text and "timeout" in text.lower()
+    ):
+        return "a collective timed out: a peer rank hung or died"
+    if code in (-9, 137):
+        return "killed by SIGKILL: likely out of host memory (OOM killer), or killed externally"
+    if code in (-11, 139) or "Segmentation fault" in text:
+        return "crashed in native code (segfault): see the rank's log for the Python stacks"
+    if "CUDA out of memory" in text or "OutOfMemoryError" in text:
+        return "GPU out of memory: lower the per-device batch size"
+    if code in (-6, 134):
+        return "aborted (SIGABRT): often a failed assertion in native code"
+    return None
+
+
+def describe_rank(record: dict[str, Any]) -> str:
+    """'rank 3 (local 1) on algo-2: exit code 1: ValueError: planted'."""
+    code = int(record.get("returncode") or 0)
+    parts = [
+        f"rank {record.get('rank')} (local {record.get('local_rank')}) on "
+        f"{record.get('host')}: {describe_exit(code)}"
+    ]
+    exception = record.get("exception")
+    if exception:
+        parts.append(f"{exception['type']}: {exception['message']}".rstrip(": "))
+    elif record.get("fatal_error"):
+        parts.append(f"Fatal Python error: {record['fatal_error']}")
+    advice = hint(record)
+    if advice:
+        parts.append(f"hint: {advice}")
+    return ": ".join(parts[:2]) + "".join(f" ({p})" for p in parts[2:])
+
+
+@dataclass(frozen=True)
+class Verdict:
+    exit_code: int
+    reason: str  # the failure file's first line; empty on success
+    details: list[str]
+
+
+def verdict(run: Any, host: str, run_dir: Path) -> Verdict:
+    """From what the supervisor saw to an exit code and a failure text."""
+    logs = f"per-rank logs and records: {run_dir}"
+    failed = sorted(
+        (r for r in run.results.values() if r.get("returncode")), key=lambda r: r["rank"]
+    )
+    details = [f"  {describe_rank(r)}" for r in failed] + [logs]
+    if run.stop_signal:
+        exited = [r for r in run.results.values() if r.get("ended_at") and run.stop_at]
+        slowest = max((r["ended_at"] - run.stop_at for r in exited), default=0.0)
+        forced = " ; grace period exceeded, the rest was killed" if run.forced_kill else ""
+        return Verdict(
+            STOPPED_EXIT_CODE,
+            f"job stopped by {run.stop_signal} on {host} (StopTrainingJob, Spot interruption or "
+            f"docker stop): {len(exited)} local ranks exited within {slowest:.1f} s{forced}",
+            details,
+        )
+    if run.first_failure:
+        first = run.first_failure
+        return Verdict(
+            container_exit_code(int(first["returncode"])),
+            f"{describe_rank(first)} [first failure, seen on {host}]",
+            details,
+        )
+    if run.remote_failure is not None:
+        remote = run.remote_failure
+        if "lost_master" in remote:
+            return Verdict(
+                1,
+                f"lost contact with the master host {remote['lost_master']} "
+                f"(its bootstrap exited or the host died); {host} stopped",
+                details,
+            )
+        return Verdict(
+            container_exit_code(int(remote.get("returncode") or 1)),
+            f"{describe_rank(remote)} [first failure; {host} stopped because of it]",
+            details,
+        )
+    if run.returncode:
+        tail = " | ".join(line.strip() for line in run.torchrun_tail[-3:] if line.strip())
+        return Verdict(
+            container_exit_code(run.returncode),
+            f"torchrun on {host} failed with {describe_exit(run.returncode)} before "
+            f"any rank reported: {tail or 'no output'}",
+            details,
+        )
+    return Verdict(0, "", [])
 
 
 class Outcome:
@@ -44,7 +150,9 @@ class Outcome:
     def success(self) -> None:
         self._write("success", "")
 
-    def failure(self, message: str) -> None:
+    def failure(
+        self, reason: str, details: list[str] | None = None, record: dict[str, Any] | None = None
+    ) -> None:
         path = self.output / "failure"
         try:
             if path.stat().st_mtime >= self.started:
@@ -52,4 +160,7 @@ class Outcome:
                 return
         except OSError:
             pass
-        self._write("failure", redact(message).rstrip("\n") + "\n")
+        text = "\n".join([reason, *(details or [])])
+        self._write("failure", redact(text).rstrip("\n") + "\n")
+        if record is not None:
+            self._write("data/container-entry/failure.json", json.dumps(record, indent=1))

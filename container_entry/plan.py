@@ -15,6 +15,7 @@ from container_entry.errors import ConfigError
 from container_entry.secrets import mask_argv, mask_mapping, redact, secret_values
 
 TORCHRUN = ("-m", "torch.distributed.run")
+WORKER_MODULE = "container_entry.worker"
 
 # What an unmodified HF Trainer / Accelerate script needs to run as DDP on a host with no GPU
 # (see docs/cpu-ddp.md): set only when no GPU is visible, never over a user's value.
@@ -42,6 +43,7 @@ class Plan:
     node_rank: int
     master_addr: str
     master_port: int
+    coordination_port: int  # the bootstraps' own side channel on the master (master_port + 1)
     nproc_per_node: str  # what torchrun will use; a string because PET_ may say "gpu"/"auto"
     nproc_source: str
     backend: str
@@ -84,7 +86,8 @@ class Plan:
             f"mode        {self.mode}",
             f"hosts       {len(self.hosts)}: {hosts}",
             f"this host   {self.current_host} (node rank {self.node_rank})",
-            f"master      {self.master_addr}:{self.master_port}",
+            f"master      {self.master_addr}:{self.master_port} "
+            f"(coordination :{self.coordination_port})",
             f"workers     {self.nproc_per_node} per host ({self.nproc_source}), {self.backend}",
             f"code        {self.code.code_dir}/{self.program} ({self.code.kind}: "
             f"{self.code.location})",
@@ -176,13 +179,14 @@ def build_plan(env: Environment) -> Plan:
             "master-addr": topology.master_addr,
             "master-port": str(knobs["master_port"]),
             "max-restarts": str(knobs["max_restarts"]),
+            "shutdown-timeout": str(int(knobs["stop_grace_period"])),
         },
     )
     master_port = int(env.environ.get("PET_MASTER_PORT") or knobs["master_port"])
     master_addr = env.environ.get("PET_MASTER_ADDR") or topology.master_addr
     script = posixpath.join(code.code_dir, program)
-    python_flags = [] if program.endswith(".py") else ["--no-python"]
-    argv = (env.python, *TORCHRUN, *flags, *python_flags, script, *user_args)
+    # each rank runs the script through our wrapper (tagged live logs, result record)
+    argv = (env.python, *TORCHRUN, *flags, "-m", WORKER_MODULE, script, *user_args)
 
     wanted: dict[str, EnvVar] = {}
     sm = contract.sm_env(
@@ -228,6 +232,7 @@ def build_plan(env: Environment) -> Plan:
         node_rank=topology.node_rank,
         master_addr=master_addr,
         master_port=master_port,
+        coordination_port=master_port + 1,
         nproc_per_node=nproc,
         nproc_source=nproc_source,
         backend="nccl" if gpu.count else "gloo",

@@ -55,6 +55,20 @@ def _bool(value: str) -> bool:
     raise ValueError("not a boolean")
 
 
+def _ranks(value: str) -> str:
+    value = value.strip().lower()
+    if value == "all" or all(item.strip().isdigit() for item in value.split(",")):
+        return value
+    raise ValueError("'all' or comma-separated global ranks")
+
+
+def _ranks(value: str) -> str:
+    value = value.strip().lower()
+    if value == "all" or all(item.strip().isdigit() for item in value.split(",")):
+        return value
+    raise ValueError("'all' or comma-separated global ranks")
+
+
 KNOBS: tuple[Knob, ...] = (
     Knob("master_port", 29500, _port, "TCP port of the rendezvous on the master host"),
     Knob(
@@ -70,6 +84,25 @@ KNOBS: tuple[Knob, ...] = (
         _bool,
         "pip install requirements.txt from the code directory before launch",
     ),
+    Knob(
+        "join_timeout",
+        600.0,
+        _positive_float,
+        "seconds for every host to join the job before any worker starts",
+    ),
+    Knob(
+        "stop_grace_period",
+        100.0,
+        _positive_float,
+        "seconds ranks get after SIGTERM before SIGKILL (SageMaker kills at 120 s)",
+    ),
+    Knob(
+        "failure_grace_period",
+        10.0,
+        _positive_float,
+        "seconds ranks get to exit once a rank on any host failed, before SIGKILL",
+    ),
+    Knob("console_ranks", "all", _ranks, "ranks whose lines reach stdout: 'all' or e.g. '0'"),
 )
 
 

@@ -185,9 +185,10 @@ def test_local_cli_script_and_args():
     assert plan.argv[-4:] == ("/work/src/fit.py", "--lr", "0.1", "x y")
 
 
-def test_non_python_program_runs_without_python():
+def test_every_rank_runs_through_the_worker_wrapper():
     plan = build_plan(make_env(environ={"SAGEMAKER_PROGRAM": "run.sh"}))
-    assert "--no-python" in plan.argv
+    assert plan.argv[-3:] == ("-m", "container_entry.worker", "/opt/ml/code/run.sh")
+    assert flag(plan.argv, "--shutdown-timeout") == "100"
 
 
 def test_knobs_env_beats_hyperparameter_and_prefix_is_consumed():
