@@ -62,19 +62,17 @@ def hint(record: dict[str, Any]) -> str | None:
 def describe_rank(record: dict[str, Any]) -> str:
     """'rank 3 (local 1) on algo-2: exit code 1: ValueError: planted'."""
     code = int(record.get("returncode") or 0)
-    parts = [
+    text = (
         f"rank {record.get('rank')} (local {record.get('local_rank')}) on "
         f"{record.get('host')}: {describe_exit(code)}"
-    ]
+    )
     exception = record.get("exception")
     if exception:
-        parts.append(f"{exception['type']}: {exception['message']}".rstrip(": "))
+        text += f": {exception['type']}: {exception['message']}".rstrip(": ")
     elif record.get("fatal_error"):
-        parts.append(f"Fatal Python error: {record['fatal_error']}")
+        text += f": Fatal Python error: {record['fatal_error']}"
     advice = hint(record)
-    if advice:
-        parts.append(f"hint: {advice}")
-    return ": ".join(parts[:2]) + "".join(f" ({p})" for p in parts[2:])
+    return f"{text} (hint: {advice})" if advice else text
 
 
 @dataclass(frozen=True)

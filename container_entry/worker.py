@@ -29,8 +29,12 @@ CONSOLE_ENV = "_CONTAINER_ENTRY_CONSOLE_RANKS"  # "all" or a comma list of globa
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
 
 
+_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")  # torch.distributed's excepthook adds it
+
+
 def parse_exception(stderr_tail: list[str]) -> dict[str, str] | None:
     """The last Python traceback in the output: its exception type and message."""
+    stderr_tail = [_RANK_PREFIX.sub("", line) for line in stderr_tail]
     start = None
     for index, line in enumerate(stderr_tail):
         if line.startswith("Traceback (most recent call last):"):

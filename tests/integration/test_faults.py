@@ -1,0 +1,266 @@
+"""Failure, stop and logs, in real processes: one host with two real torchrun workers, and two
+hosts on one machine for the cross-host rows (the docker variants are in tests/docker)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.conftest import (
+    REPO,
+    bootstrap_argv,
+    bootstrap_env,
+    make_tree,
+    with_hosts_file,
+)
+
+FAULT = REPO / "tests" / "scripts" / "fault_probe.py"
+
+
+def start(tree, hyperparameters=None, argv_wrap=None, **env):
+    if hyperparameters is not None:
+        (tree.base / "input/config/hyperparameters.json").write_text(json.dumps(hyperparameters))
+    argv = bootstrap_argv()
+    if argv_wrap:
+        argv = argv_wrap(argv)
+    environment = bootstrap_env(
+        tree, SAGEMAKER_PROGRAM="fault_probe.py", PET_NPROC_PER_NODE="2", **env
+    )
+    return subprocess.Popen(
+        argv, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/"
+    )
+
+
+def finish(process, timeout=120):
+    out, err = process.communicate(timeout=timeout)
+    return process.returncode, out, err
+
+
+def first_line(tree) -> str:
+    return (tree.output / "failure").read_text().splitlines()[0]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is not a survivor
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(")")[1].split()[0] != "Z"
+
+
+def worker_pids(tree) -> list[int]:
+    run_dir = tree.output / "data" / "container-entry"
+    pids = []
+    for path in run_dir.glob("rank-*.pid"):
+        record = json.loads(path.read_text())
+        pids += [record["wrapper"], record["child"]]
+    return pids
+
+
+def ranks_started(tree, count=2) -> bool:
+    """True once every rank printed its first line (its SIGTERM handler is installed)."""
+    logs = (tree.output / "data/container-entry/logs").glob("rank-*.log")
+    return sum("started rank" in path.read_text() for path in logs) == count
+
+
+def wait_for(predicate, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.parametrize(
+    ("fault", "code", "expected"),
+    [
+        (
+            "raise",
+            1,
+            "rank 1 (local 1) on algo-1: exit code 1: ValueError: planted failure at step 2",
+        ),
+        ("exit3", 3, "rank 1 (local 1) on algo-1: exit code 3"),
+        (
+            "segfault",
+            139,
+            "rank 1 (local 1) on algo-1: signal SIGSEGV: Fatal Python error: "
+            "Segmentation fault (hint: crashed in native code",
+        ),
+        (
+            "sigkill-self",
+            137,
+            "rank 1 (local 1) on algo-1: signal SIGKILL (hint: killed by "
+            "SIGKILL: likely out of host memory",
+        ),
+    ],
+)
+def test_worker_fault_names_rank_cause_and_exit_code(tmp_path, fault, code, expected):
+    tree = make_tree(tmp_path, script=FAULT)
+    (tree.base / "model").mkdir()
+    (tree.base / "model" / "keep.bin").write_bytes(b"user")
+    hps = {"fault": json.dumps(fault), "fault-rank": "1", "steps": "20", "step-seconds": "0.2"}
+    returncode, _, err = finish(start(tree, hps))
+    assert returncode == code, err[-3000:]
+    line = first_line(tree)
+    assert line.startswith(expected), line
+    assert "[first failure, seen on algo-1]" in line
+    record = json.loads((tree.output / "data/container-entry/rank-1.json").read_text())
+    assert record["returncode"] in (1, 3, -11, -9)
+    assert Path(record["log"]).exists()
+    assert not any(alive(pid) for pid in worker_pids(tree))
+    assert (tree.base / "model" / "keep.bin").read_bytes() == b"user"
+    assert len((tree.output / "failure").read_text()) < 4096
+
+
+def test_sigterm_reaches_every_rank_fast_and_a_checkpoint_is_written(tmp_path):
+    tree = make_tree(tmp_path, script=FAULT)
+    (tree.base / "checkpoints").mkdir()
+    (tree.base / "checkpoints" / "older.bin").write_bytes(b"keep")
+    process = start(tree, {"steps": "1000", "step-seconds": "0.2", "checkpoint-on-term": "true"})
+    assert wait_for(lambda: ranks_started(tree))
+    time.sleep(1.0)
+    sent = time.time()
+    process.send_signal(signal.SIGTERM)
+    returncode, _, err = finish(process, timeout=60)
+    assert returncode == 143, err[-3000:]
+    latencies = [
+        float((tree.output / "data" / f"term-rank-{r}.txt").read_text()) - sent for r in (0, 1)
+    ]
+    assert max(latencies) < 1.0, latencies
+    for rank in (0, 1):
+        assert (tree.base / "checkpoints" / f"checkpoint-rank-{rank}.json").exists()
+    assert (tree.base / "checkpoints" / "older.bin").read_bytes() == b"keep"
+    assert first_line(tree).startswith("job stopped by SIGTERM on algo-1")
+    assert not any(alive(pid) for pid in worker_pids(tree))
+    print(f"SIGTERM -> ranks signalled: {max(latencies) * 1000:.0f} ms")
+
+
+def test_rank_sleeping_through_sigterm_is_killed_after_the_grace_period(tmp_path):
+    tree = make_tree(tmp_path, script=FAULT)
+    process = start(
+        tree,
+        {"steps": "1000", "step-seconds": "0.2", "ignore-term": "true"},
+        CONTAINER_ENTRY_STOP_GRACE_PERIOD="3",
+    )
+    assert wait_for(lambda: ranks_started(tree))
+    time.sleep(1.0)
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    returncode, _, err = finish(process, timeout=60)
+    took = time.monotonic() - sent
+    assert returncode == 143, err[-3000:]
+    assert 3.0 <= took < 15.0, took
+    assert not any(alive(pid) for pid in worker_pids(tree))
+
+
+def test_every_line_is_live_tagged_and_logged_per_rank(tmp_path):
+    tree = make_tree(tmp_path, script=FAULT)
+    process = start(tree, {"steps": "6", "step-seconds": "1.0"})
+    latencies = []
+    assert process.stdout is not None
+    for line in process.stdout:
+        arrived = time.time()
+        if "] step " in line and " t=" in line:
+            assert line.startswith(("[algo-1 rank 0] step", "[algo-1 rank 1] step")), line
+            latencies.append(arrived - float(line.rsplit("t=", 1)[1]))
+    returncode, _, err = finish(process)
+    assert returncode == 0, err[-2000:]
+    assert len(latencies) == 12
+    assert max(latencies) < 1.0, latencies
+    log = (tree.output / "data/container-entry/logs/rank-1.log").read_text()
+    assert "step 5 rank 1" in log
+    print(f"print -> stdout: max {max(latencies) * 1000:.0f} ms")
+
+
+def test_console_can_show_rank_zero_only(tmp_path):
+    tree = make_tree(tmp_path, script=FAULT)
+    returncode, out, err = finish(
+        start(tree, {"steps": "2", "step-seconds": "0"}, CONTAINER_ENTRY_CONSOLE_RANKS="0")
+    )
+    assert returncode == 0, err[-2000:]
+    assert "[algo-1 rank 0] step 1" in out and "rank 1]" not in out + err
+    log = (tree.output / "data/container-entry/logs/rank-1.log").read_text()
+    assert "step 1 rank 1" in log
+
+
+def test_secrets_never_appear_in_bootstrap_lines(tmp_path):
+    tree = make_tree(tmp_path, script=FAULT)
+    hps = {"steps": "1", "hf_token": '"hf_TOPSECRET123"'}
+    returncode, _, err = finish(start(tree, hps, WANDB_API_KEY="wandb-SECRET-456"))
+    assert returncode == 0, err[-2000:]
+    ours = [line for line in err.splitlines() if line.startswith("[container-entry]")]
+    assert ours and not any("TOPSECRET" in line or "SECRET-456" in line for line in ours)
+    assert any("--hf_token ****" in line for line in ours)
+
+
+def test_master_port_in_use_is_reported_before_any_worker_starts(tmp_path):
+    tree = make_tree(tmp_path, script=FAULT)
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        returncode, _, err = finish(start(tree, {}, CONTAINER_ENTRY_MASTER_PORT=str(port)))
+    assert returncode == 3, err[-2000:]
+    assert f"master port {port} is in use" in first_line(tree)
+    assert not (tree.output / "data" / "container-entry" / "logs").exists()
+
+
+def test_peer_that_never_joins_is_reported_before_any_worker_starts(tmp_path, hosts_file):
+    tree = make_tree(tmp_path, script=FAULT, hosts=("algo-1", "algo-2"))
+    started = time.monotonic()
+    returncode, _, err = finish(
+        start(
+            tree,
+            {},
+            argv_wrap=lambda a: with_hosts_file(a, hosts_file),
+            CONTAINER_ENTRY_JOIN_TIMEOUT="3",
+            CONTAINER_ENTRY_MASTER_PORT="29621",
+        )
+    )
+    assert returncode == 3, err[-2000:]
+    assert time.monotonic() - started < 30
+    assert "algo-2 never joined the job within 3 s" in first_line(tree)
+
+
+def test_failure_on_one_host_ends_every_host_fast(tmp_path, hosts_file):
+    hosts = ("algo-1", "algo-2")
+    trees = [make_tree(tmp_path, script=FAULT, current_host=h, hosts=hosts) for h in hosts]
+    hps = {
+        "fault": '"raise"',
+        "fault-rank": "3",
+        "fault-step": "3",
+        "steps": "1000",
+        "step-seconds": "0.2",
+    }
+    processes = [
+        start(
+            t,
+            hps,
+            argv_wrap=lambda a: with_hosts_file(a, hosts_file),
+            CONTAINER_ENTRY_MASTER_PORT="29631",
+        )
+        for t in trees
+    ]
+    results = [finish(p, timeout=120) for p in processes]
+    ended = time.time()
+    failed_at = json.loads((trees[1].output / "data/container-entry/rank-3.json").read_text())[
+        "ended_at"
+    ]
+    for (returncode, _, err), tree in zip(results, trees, strict=True):
+        assert returncode == 1, err[-3000:]
+        line = first_line(tree)
+        assert "rank 3 (local 1) on algo-2: exit code 1: ValueError: planted failure" in line
+    assert ended - failed_at < 15, ended - failed_at
+    print(f"failure -> all hosts exited: {ended - failed_at:.1f} s")
+    for tree in trees:
+        assert not any(alive(pid) for pid in worker_pids(tree))

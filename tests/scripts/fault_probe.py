@@ -1,0 +1,74 @@
+"""A DDP worker that trains in steps (an all_reduce each) and misbehaves on request.
+
+--fault raise|segfault|exit3|sigkill-self|none on --fault-rank at --fault-step; on SIGTERM it
+records when it got the signal, optionally writes a checkpoint (--checkpoint-on-term) or
+ignores the signal (--ignore-term) to test the grace period.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--fault", default="none")
+parser.add_argument("--fault-rank", type=int, default=-1)
+parser.add_argument("--fault-step", type=int, default=2)
+parser.add_argument("--steps", type=int, default=5)
+parser.add_argument("--step-seconds", type=float, default=0.5)
+parser.add_argument("--checkpoint-on-term", action="store_true")
+parser.add_argument("--ignore-term", action="store_true")
+args, _ = parser.parse_known_args()
+
+out = os.environ["SM_OUTPUT_DATA_DIR"]
+checkpoints = os.path.join(os.path.dirname(os.environ["SM_MODEL_DIR"]), "checkpoints")
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+
+
+def on_term(signum, _frame):
+    with open(os.path.join(out, f"term-rank-{rank}.txt"), "w") as handle:
+        handle.write(repr(time.time()))
+    if args.checkpoint_on_term:
+        os.makedirs(checkpoints, exist_ok=True)
+        path = os.path.join(checkpoints, f"checkpoint-rank-{rank}.json")
+        with open(path + ".tmp", "w") as handle:
+            json.dump({"rank": rank, "step": step}, handle)
+        os.replace(path + ".tmp", path)
+    if args.ignore_term:
+        global sleeping_through
+        sleeping_through = True
+        return
+    sys.exit(128 + signum)
+
+
+signal.signal(signal.SIGTERM, on_term)
+sleeping_through = False
+step = 0
+print(f"started rank {rank} pid {os.getpid()} t={time.time():.3f}", flush=True)
+while step < args.steps:
+    while sleeping_through:  # a rank that ignores SIGTERM and never finishes
+        time.sleep(0.1)
+    if rank == args.fault_rank and step == args.fault_step:
+        if args.fault == "raise":
+            raise ValueError(f"planted failure at step {step}")
+        if args.fault == "segfault":
+            ctypes.string_at(0)
+        if args.fault == "exit3":
+            sys.exit(3)
+        if args.fault == "sigkill-self":
+            os.kill(os.getpid(), signal.SIGKILL)
+    dist.all_reduce(torch.ones(1))
+    print(f"step {step} rank {rank} t={time.time():.3f}", flush=True)
+    step += 1
+    deadline = time.time() + args.step_seconds
+    while time.time() < deadline:  # sleep in slices so a signal handler runs promptly
+        time.sleep(0.05)
+dist.destroy_process_group()
+print(f"done rank {rank}", flush=True)
