@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -56,6 +57,18 @@ def _check_port_free(port: int, what: str) -> None:
                 f"{what} port {port} is in use on this host ({error.strerror}): "
                 "set CONTAINER_ENTRY_MASTER_PORT to a free port"
             ) from None
+
+
+class StopRequested(BootstrapError):
+    """SIGTERM/SIGINT before the workers started: exit as a stopped job."""
+
+    exit_code = 143
+
+
+def _stop_before_launch(signum: int, _frame: object) -> None:
+    # As PID 1 in a container a signal without a handler is ignored: without this, a stop
+    # during the host wait or the join would only end at SageMaker's SIGKILL.
+    raise StopRequested(f"stopped by {signal.Signals(signum).name} before the workers started")
 
 
 class Job:
@@ -134,6 +147,8 @@ def train(cli_args: Sequence[str]) -> int:
     base = base_dir_from(environ)
     outcome = Outcome(base)
     job: Job | None = None
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _stop_before_launch)
     try:
         plan = _resolve(cli_args)
         log("plan\n" + plan.summary())

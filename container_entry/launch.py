@@ -107,10 +107,13 @@ class Supervisor:
         self.stop_event = threading.Event()
         self.failure_grace = float(plan.settings["failure_grace_period"])
         self.stop_grace = float(plan.settings["stop_grace_period"])
+        self.previous: dict[signal.Signals, Any] = {}
 
     # -- launch ---------------------------------------------------------------------------
     def launch(self) -> subprocess.Popen:
+        """Our stop handler goes in first, so no signal falls between spawn and monitor."""
         prepare_run_dir(self.run_dir)
+        self.previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         return subprocess.Popen(
             list(self.plan.argv),
             env=child_environment(self.plan, self.environ, self.run_dir),
@@ -142,7 +145,6 @@ class Supervisor:
         tail: deque[str] = deque(maxlen=30)
         pump = threading.Thread(target=_pump_stderr, args=(process, tail), daemon=True)
         pump.start()
-        previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
         deadline: float | None = None
         try:
             while process.poll() is None:
@@ -159,7 +161,7 @@ class Supervisor:
                 self.stop_event.wait(POLL_SECONDS)
             process.wait()
         finally:
-            for sig, handler in previous.items():
+            for sig, handler in self.previous.items():
                 signal.signal(sig, handler)
             kill_workers(self.run_dir, signal.SIGKILL)  # nothing outlives the launcher
             pump.join(timeout=2)

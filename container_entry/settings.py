@@ -98,7 +98,7 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         "failure_grace_period",
-        10.0,
+        5.0,
         _positive_float,
         "seconds ranks get to exit once a rank on any host failed, before SIGKILL",
     ),

@@ -32,6 +32,7 @@ class HostResult:
     exit_code: int
     logs: str
     seconds: float
+    finished_at: str = ""  # docker's State.FinishedAt (RFC 3339, UTC)
 
 
 @dataclass
@@ -94,64 +95,89 @@ class Cluster:
             (base / directory).mkdir(exist_ok=True)
         return base
 
+    def start(self, stream: bool = False) -> None:
+        """Create the network and one container per host, then start them all."""
+        self.client = docker.from_env()
+        suffix = uuid.uuid4().hex[:8]
+        self.network = self.client.networks.create(f"ce-cluster-{suffix}", driver="bridge")
+        self.containers: list[tuple[str, Any]] = []
+        for host in self.hosts:
+            base = self._write_tree(host)
+            container = self.client.containers.create(
+                self.image,
+                command=self.command,
+                name=f"ce-{host}-{suffix}",
+                environment=self.environment,
+                volumes={str(base): {"bind": "/opt/ml", "mode": "rw"}},
+                network=self.network.name,
+                shm_size="1g",
+            )
+            self.network.disconnect(container)  # reconnect with the algo-N alias
+            self.network.connect(container, aliases=[host])
+            self.containers.append((host, container))
+        self.started = time.monotonic()
+        for _, container in self.containers:
+            container.start()
+        self.printers = (
+            [
+                threading.Thread(target=_stream, args=(host, c), daemon=True)
+                for host, c in self.containers
+            ]
+            if stream
+            else []
+        )
+        for printer in self.printers:
+            printer.start()
+
+    def stop(self, timeout: int = 30) -> None:
+        """`docker stop` every host at once (SIGTERM, SIGKILL after `timeout`)."""
+        stoppers = [
+            threading.Thread(target=c.stop, kwargs={"timeout": timeout}) for _, c in self.containers
+        ]
+        for stopper in stoppers:
+            stopper.start()
+        for stopper in stoppers:
+            stopper.join()
+
+    def wait(self, timeout: float = 300) -> list[HostResult]:
+        """Wait for every container to exit (killing one that outlives `timeout`)."""
+        results = []
+        for host, container in self.containers:
+            remaining = max(1.0, timeout - (time.monotonic() - self.started))
+            try:
+                status = container.wait(timeout=remaining)["StatusCode"]
+            except Exception:  # requests' ReadTimeout: the host hung
+                container.kill()
+                status = -1
+            container.reload()
+            finished = container.attrs["State"].get("FinishedAt", "")
+            results.append(
+                HostResult(
+                    host,
+                    self.tree(host),
+                    status,
+                    container.logs(stdout=True, stderr=True).decode(errors="replace"),
+                    time.monotonic() - self.started,
+                    finished,
+                )
+            )
+        for printer in self.printers:
+            printer.join(timeout=5)
+        return results
+
+    def cleanup(self) -> None:
+        for _, container in getattr(self, "containers", []):
+            container.remove(force=True)
+        if getattr(self, "network", None) is not None:
+            self.network.remove()
+
     def run(self, timeout: float = 300, stream: bool = False) -> list[HostResult]:
         """Start every host's container, wait for all to exit, collect logs; clean up."""
-        client = docker.from_env()
-        suffix = uuid.uuid4().hex[:8]
-        network = client.networks.create(f"ce-cluster-{suffix}", driver="bridge")
-        containers = []
         try:
-            for host in self.hosts:
-                base = self._write_tree(host)
-                container = client.containers.create(
-                    self.image,
-                    command=self.command,
-                    name=f"ce-{host}-{suffix}",
-                    environment=self.environment,
-                    volumes={str(base): {"bind": "/opt/ml", "mode": "rw"}},
-                    network=network.name,
-                    shm_size="1g",
-                )
-                network.disconnect(container)  # reconnect with the algo-N alias
-                network.connect(container, aliases=[host])
-                containers.append((host, container))
-            started = time.monotonic()
-            for _, container in containers:
-                container.start()
-            printers = (
-                [
-                    threading.Thread(target=_stream, args=(host, c), daemon=True)
-                    for host, c in containers
-                ]
-                if stream
-                else []
-            )
-            for printer in printers:
-                printer.start()
-            results = []
-            for host, container in containers:
-                remaining = max(1.0, timeout - (time.monotonic() - started))
-                try:
-                    status = container.wait(timeout=remaining)["StatusCode"]
-                except Exception:  # requests' ReadTimeout: the host hung
-                    container.kill()
-                    status = -1
-                results.append(
-                    HostResult(
-                        host,
-                        self.tree(host),
-                        status,
-                        container.logs(stdout=True, stderr=True).decode(errors="replace"),
-                        time.monotonic() - started,
-                    )
-                )
-            for printer in printers:
-                printer.join(timeout=5)
-            return results
+            self.start(stream=stream)
+            return self.wait(timeout)
         finally:
-            for _, container in containers:
-                container.remove(force=True)
-            network.remove()
+            self.cleanup()
 
 
 def _stream(host: str, container: Any) -> None:
