@@ -85,9 +85,10 @@ class Job:
     def join(self) -> None:
         """Multi-host: every host resolves, joins the side channel, before anything else."""
         plan = self.plan
-        if len(plan.hosts) == 1:
+        if plan.wait_for:
+            network.wait_for_hosts(plan.wait_for, float(plan.settings["host_wait_timeout"]))
+        if not plan.coordinated:
             return
-        network.wait_for_hosts(plan.hosts, float(plan.settings["host_wait_timeout"]))
         if plan.node_rank == 0:
             _check_port_free(plan.master_port, "master")
             self.coordinator = Coordinator(plan.hosts, plan.coordination_port)
@@ -104,7 +105,7 @@ class Job:
             raise
 
     def prepare(self) -> None:
-        if len(self.plan.hosts) == 1:
+        if self.plan.node_rank == 0 and not self.plan.coordinated:  # else checked in join()
             _check_port_free(self.plan.master_port, "master")
         code.prepare(self.plan, self.environ)
         code.install_requirements(self.plan, self.plan.argv[0])
@@ -151,6 +152,9 @@ def train(cli_args: Sequence[str]) -> int:
         signal.signal(sig, _stop_before_launch)
     try:
         plan = _resolve(cli_args)
+        if plan.settings["dry_run"]:
+            print(plan.to_json(), flush=True)
+            return 0
         log("plan\n" + plan.summary())
         job = Job(plan, environ, base)
         job.join()

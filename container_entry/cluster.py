@@ -24,6 +24,10 @@ class Topology:
     network_interface: str | None = None
     instance_type: str | None = None
     instance_groups: tuple[dict[str, Any], ...] = ()
+    # host names to wait for before launch, and whether the bootstraps coordinate (they need
+    # every host's name); a torchrun-style cluster only names its master
+    wait_for: tuple[str, ...] = ()
+    coordinated: bool = True
 
 
 class SageMakerCluster:
@@ -79,6 +83,53 @@ class SageMakerCluster:
             network_interface=interface if isinstance(interface, str) and interface else None,
             instance_type=config.get("current_instance_type"),
             instance_groups=tuple(groups),
+            wait_for=ordered if len(ordered) > 1 else (),
+        )
+
+
+class TorchrunEnvCluster:
+    """Settings torchrun-style clusters already carry (Kubeflow PyTorchJob's PET_*, or the
+    MASTER_ADDR / WORLD_SIZE / RANK of older operators, where they count pods), so the same
+    image runs on Kubernetes. Peers are not named: hosts are node-<rank>, only the master is
+    waited for, and failure relay between hosts is left to torchrun's rendezvous.
+    """
+
+    name: ClassVar[str] = "torchrun-env"
+
+    @staticmethod
+    def detect(env: Environment) -> bool:
+        e = env.environ
+        return env.resource_config is None and (
+            "PET_NNODES" in e
+            or "PET_MASTER_ADDR" in e
+            or ("MASTER_ADDR" in e and "WORLD_SIZE" in e)
+        )
+
+    @staticmethod
+    def topology(env: Environment) -> Topology:
+        e = env.environ
+        nnodes_raw = e.get("PET_NNODES") or e.get("WORLD_SIZE") or "1"
+        rank_raw = e.get("PET_NODE_RANK") or e.get("RANK") or "0"
+        master = e.get("PET_MASTER_ADDR") or e.get("MASTER_ADDR") or "127.0.0.1"
+        try:
+            nnodes = int(nnodes_raw.split(":")[-1])  # elastic "1:4" -> at most 4
+            rank = int(rank_raw)
+        except ValueError:
+            raise ConfigError(
+                f"torchrun-style environment: nnodes {nnodes_raw!r} / node rank {rank_raw!r} "
+                "are not integers"
+            ) from None
+        if not 0 <= rank < nnodes:
+            raise ConfigError(f"torchrun-style environment: node rank {rank} not in [0, {nnodes})")
+        hosts = tuple(f"node-{i}" for i in range(nnodes))
+        return Topology(
+            source=TorchrunEnvCluster.name,
+            hosts=hosts,
+            current_host=hosts[rank],
+            node_rank=rank,
+            master_addr=master,
+            wait_for=(master,) if nnodes > 1 else (),
+            coordinated=False,
         )
 
 
@@ -102,7 +153,11 @@ class LocalCluster:
         )
 
 
-SOURCES: Sequence[type[SageMakerCluster] | type[LocalCluster]] = (SageMakerCluster, LocalCluster)
+SOURCES: Sequence[type[SageMakerCluster] | type[TorchrunEnvCluster] | type[LocalCluster]] = (
+    SageMakerCluster,
+    TorchrunEnvCluster,
+    LocalCluster,
+)
 
 
 def resolve_topology(env: Environment) -> Topology:

@@ -37,6 +37,7 @@ class Environment:
     code_dir_entries: tuple[str, ...] = ()  # names in <base>/code
     code_channel_entries: tuple[str, ...] = ()  # names in <base>/input/data/code
     local_channels: tuple[str, ...] = field(default=())  # dirs in <base>/input/data
+    efa_devices: tuple[str, ...] = ()  # RDMA devices bound to the efa driver
 
     @property
     def config_dir(self) -> Path:
@@ -73,6 +74,19 @@ def _entries(path: Path) -> tuple[str, ...]:
         return ()
 
 
+def read_efa_devices(sys_root: Path = Path("/sys")) -> tuple[str, ...]:
+    """EFA from the machine itself (devices bound to the `efa` driver), not an instance list."""
+    devices = []
+    for device in _entries(sys_root / "class" / "infiniband"):
+        driver = sys_root / "class" / "infiniband" / device / "device" / "driver"
+        try:
+            if os.path.basename(os.readlink(driver)) == "efa":
+                devices.append(device)
+        except OSError:
+            continue
+    return tuple(devices)
+
+
 def read_environment(
     environ: Mapping[str, str] | None = None, cli_args: Sequence[str] = ()
 ) -> Environment:
@@ -98,4 +112,5 @@ def read_environment(
         code_dir_entries=_entries(base / "code"),
         code_channel_entries=_entries(data / "code"),
         local_channels=tuple(name for name in _entries(data) if (data / name).is_dir()),
+        efa_devices=read_efa_devices(),
     )

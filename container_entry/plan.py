@@ -12,14 +12,11 @@ from container_entry import contract, gpus, hyperparameters, settings
 from container_entry.cluster import Topology, resolve_topology
 from container_entry.environment import Environment
 from container_entry.errors import ConfigError
+from container_entry.fabric import fabric_env
 from container_entry.secrets import mask_argv, mask_mapping, redact, secret_values
 
 TORCHRUN = ("-m", "torch.distributed.run")
 WORKER_MODULE = "container_entry.worker"
-
-# What an unmodified HF Trainer / Accelerate script needs to run as DDP on a host with no GPU
-# (see docs/cpu-ddp.md): set only when no GPU is visible, never over a user's value.
-CPU_DDP_ENV: dict[str, str] = {"ACCELERATE_USE_CPU": "true"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +41,8 @@ class Plan:
     master_addr: str
     master_port: int
     coordination_port: int  # the bootstraps' own side channel on the master (master_port + 1)
+    wait_for: tuple[str, ...]  # host names that must resolve before launch
+    coordinated: bool  # whether the bootstraps of all hosts relay failures to each other
     nproc_per_node: str  # what torchrun will use; a string because PET_ may say "gpu"/"auto"
     nproc_source: str
     backend: str
@@ -212,16 +211,16 @@ def build_plan(env: Environment) -> Plan:
     wanted["CURRENT_HOST"] = EnvVar(topology.current_host, "SageMaker contract")
     wanted["PYTHONUNBUFFERED"] = EnvVar("1", "live logs: print reaches stdout at once")
     wanted["PYTHONPATH"] = EnvVar(code.code_dir, "user modules importable, as the incumbent")
-    if topology.network_interface:
-        for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
-            wanted[name] = EnvVar(topology.network_interface, "interface from resourceconfig")
-    if gpu.count:
-        wanted["NCCL_HOSTID"] = EnvVar(
-            topology.current_host, "host identity for NCCL (replaces the DLC gethostname shim)"
-        )
-    else:
-        for name, value in CPU_DDP_ENV.items():
-            wanted[name] = EnvVar(value, "no GPU: HF Trainer/Accelerate run DDP on gloo")
+    fabric = fabric_env(
+        topology=topology,
+        gpu_count=gpu.count,
+        efa_devices=env.efa_devices,
+        cpu_count=env.cpu_count,
+        workers_per_host=int(nproc) if nproc.isdigit() else max(1, gpu.count),
+        run_dir=posixpath.join(str(env.base_dir), "output", "data", "container-entry"),
+    )
+    for name, (value, reason) in fabric.items():
+        wanted[name] = EnvVar(value, reason)
 
     added = {k: v for k, v in wanted.items() if k not in env.environ}
     kept = sorted({k for k in wanted if k in env.environ} | set(pet_kept))
@@ -233,6 +232,8 @@ def build_plan(env: Environment) -> Plan:
         master_addr=master_addr,
         master_port=master_port,
         coordination_port=master_port + 1,
+        wait_for=topology.wait_for,
+        coordinated=topology.coordinated and len(topology.hosts) > 1,
         nproc_per_node=nproc,
         nproc_source=nproc_source,
         backend="nccl" if gpu.count else "gloo",

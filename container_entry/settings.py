@@ -103,6 +103,12 @@ KNOBS: tuple[Knob, ...] = (
         "seconds ranks get to exit once a rank on any host failed, before SIGKILL",
     ),
     Knob("console_ranks", "all", _ranks, "ranks whose lines reach stdout: 'all' or e.g. '0'"),
+    Knob(
+        "dry_run",
+        False,
+        _bool,
+        "`train` prints the plan as JSON and exits, launching nothing (`plan` inside SageMaker)",
+    ),
 )
 
 

@@ -86,3 +86,14 @@ def test_plan_is_a_dry_run(tmp_path):
     plan = json.loads(result.stdout)
     assert plan["hosts"] == ["algo-1"] and plan["user_args"] == ["--epochs", "1"]
     assert not (tree.output / "success").exists() and not (tree.output / "data").exists()
+
+
+def test_dry_run_knob_makes_train_print_the_plan(tmp_path):
+    tree = make_tree(tmp_path, hyperparameters={"container_entry_dry_run": "true", "lr": "0.1"})
+    result = run(bootstrap_argv(), bootstrap_env(tree, SAGEMAKER_PROGRAM="ddp_probe.py"), 60)
+    assert result.returncode == 0, result.stderr
+    import json
+
+    plan = json.loads(result.stdout)
+    assert plan["user_args"] == ["--lr", "0.1"] and plan["env"]["SM_HP_LR"]["value"] == "0.1"
+    assert not (tree.output / "success").exists() and not (tree.output / "data").exists()

@@ -8,6 +8,7 @@ import subprocess
 import time
 
 from tests.integration.conftest import (
+    PROBE,
     TRAINER,
     bootstrap_argv,
     bootstrap_env,
@@ -113,3 +114,34 @@ def make_tree_stub(base):
 
     base.mkdir(parents=True)
     return MlTree(base)
+
+
+def test_torchrun_style_environment_only_two_nodes(tmp_path):
+    """Kubernetes-style: PET_* only, no SageMaker files; the script from the command line."""
+    processes = []
+    for rank in (0, 1):
+        base = tmp_path / f"node-{rank}"
+        env = bootstrap_env(
+            make_tree_stub(base),
+            PET_NNODES="2",
+            PET_NODE_RANK=str(rank),
+            PET_MASTER_ADDR="127.0.0.1",
+            PET_MASTER_PORT="29641",
+            PET_NPROC_PER_NODE="1",
+            SM_OUTPUT_DATA_DIR=str(base),
+        )
+        processes.append(
+            subprocess.Popen(
+                bootstrap_argv(str(PROBE)),
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    outputs = [p.communicate(timeout=180)[0] for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    assert "mode        torchrun-env" in outputs[0]
+    for rank in (0, 1):
+        summary = json.loads((tmp_path / f"node-{rank}" / f"probe-rank-{rank}.json").read_text())
+        assert summary["world_size"] == 2 and summary["all_reduce"] == 3

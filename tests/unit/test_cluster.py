@@ -103,3 +103,30 @@ def test_bad_resourceconfig_names_the_file(config, message):
     with pytest.raises(ConfigError, match=message) as error:
         resolve_topology(make_env(resource_config=config))
     assert "resourceconfig.json" in str(error.value)
+
+
+def test_torchrun_style_environment_without_sagemaker_files():
+    environ = {"PET_NNODES": "3", "PET_NODE_RANK": "2", "PET_MASTER_ADDR": "job-master-0"}
+    topology = resolve_topology(make_env(resource_config=None, environ=environ))
+    assert topology.source == "torchrun-env"
+    assert (topology.hosts, topology.node_rank) == (("node-0", "node-1", "node-2"), 2)
+    assert topology.master_addr == "job-master-0" and topology.wait_for == ("job-master-0",)
+    assert not topology.coordinated
+
+
+def test_kubeflow_v1_master_addr_world_size_counts_pods():
+    environ = {"MASTER_ADDR": "pt-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "2", "RANK": "1"}
+    topology = resolve_topology(make_env(resource_config=None, environ=environ))
+    assert (topology.source, topology.node_rank, len(topology.hosts)) == ("torchrun-env", 1, 2)
+
+
+def test_sagemaker_files_win_over_torchrun_environment():
+    environ = {"PET_NNODES": "3", "PET_NODE_RANK": "2"}
+    assert resolve_topology(make_env(environ=environ)).source == "sagemaker"
+
+
+def test_bad_torchrun_environment_is_one_clear_error():
+    with pytest.raises(ConfigError, match="node rank 5 not in"):
+        resolve_topology(
+            make_env(resource_config=None, environ={"PET_NNODES": "2", "PET_NODE_RANK": "5"})
+        )

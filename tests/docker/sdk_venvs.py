@@ -1,0 +1,94 @@
+"""Virtual environments holding one SageMaker Python SDK each, and cleanup of their local mode.
+
+SDK v2 and v3 cannot share a venv, and neither belongs in the dev venv: each gets
+build/venv-<name>, created from its requirements lock on first use and reused while the lock
+(and the interpreter) are unchanged (a stamp file holds their hash).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+STAMP = ".requirements.sha256"
+FORBIDDEN = ("torch", "nvidia-", "triton")  # the SDK clients must never pull these
+
+
+def _digest(requirements: Path) -> str:
+    content = requirements.read_bytes() + sys.version.encode()
+    return hashlib.sha256(content).hexdigest()
+
+
+def ensure_venv(name: str, requirements: Path) -> Path:
+    """The python of build/venv-<name>, (re)built from `requirements` when its hash changed."""
+    venv = REPO / "build" / f"venv-{name}"
+    python = venv / "bin" / "python"
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    digest = _digest(requirements)
+    with open(venv.parent / f"venv-{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another session may be building the same venv
+        stamp = venv / STAMP
+        if python.exists() and stamp.exists() and stamp.read_text().strip() == digest:
+            return python
+        shutil.rmtree(venv, ignore_errors=True)
+        started = time.monotonic()
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        pip = [str(python), "-m", "pip", "--disable-pip-version-check", "--no-input"]
+        subprocess.run(
+            [*pip, "install", "-q", "--no-deps", "--no-compile", "-r", str(requirements)],
+            check=True,
+        )
+        subprocess.run([*pip, "check"], check=True, stdout=subprocess.DEVNULL)
+        frozen = subprocess.run(
+            [*pip, "freeze"], check=True, capture_output=True, text=True
+        ).stdout.lower()
+        pulled = [line for line in frozen.splitlines() if line.startswith(FORBIDDEN)]
+        if pulled:
+            raise RuntimeError(f"{requirements.name} pulled {pulled}")
+        stamp.write_text(digest + "\n")
+        print(f"built {venv} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+        return python
+
+
+@dataclass
+class LocalModeContainers:
+    """What the SDK's docker compose left behind: exit code and log tail per service."""
+
+    exit_codes: dict[str, int] = field(default_factory=dict)
+    logs: dict[str, str] = field(default_factory=dict)
+
+
+@contextlib.contextmanager
+def local_mode_cleanup(docker_client, root: Path) -> Iterator[LocalModeContainers]:
+    """Remove the containers of every compose project under `root` and the SDK's network.
+
+    The SDKs run `docker compose up --abort-on-container-exit` and never `down`: the stopped
+    containers and the `sagemaker-local` network stay. Their exit codes and logs are recorded
+    before removal (compose's own exit status is that of the first container to exit only).
+    """
+    found = LocalModeContainers()
+    try:
+        yield found
+    finally:
+        label = "com.docker.compose.project.working_dir"
+        for container in docker_client.containers.list(all=True, filters={"label": label}):
+            if not container.labels.get(label, "").startswith(str(root)):
+                continue
+            service = container.labels.get("com.docker.compose.service", container.name)
+            found.exit_codes[service] = container.attrs["State"]["ExitCode"]
+            found.logs[service] = container.logs(tail=60).decode(errors="replace")
+            container.remove(force=True)
+        for network in docker_client.networks.list(names=["sagemaker-local"]):
+            network.reload()
+            if not network.attrs.get("Containers"):
+                with contextlib.suppress(Exception):  # another job may have just joined it
+                    network.remove()
