@@ -50,6 +50,8 @@ def plan_command(cli_args: Sequence[str]) -> int:
 
 def _check_port_free(port: int, what: str) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # SO_REUSEADDR as torch's TCPStore: only a live listener counts as "in use"
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("0.0.0.0", port))
         except OSError as error:

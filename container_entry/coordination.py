@@ -54,6 +54,8 @@ class Coordinator:
         self.lock = threading.Lock()
         self.all_joined = threading.Event()
         self.server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # a previous run's connections in TIME_WAIT must not make the port look busy
+        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self.server.bind(("0.0.0.0", port))
         except OSError as error:
@@ -155,8 +157,14 @@ class Member:
                 time.sleep(0.5)
         _send(self.sock, {"type": "join", "host": self.host})
         threading.Thread(target=self._listen, daemon=True).start()
-        if not self.started.wait(max(0.0, deadline - time.monotonic())):
-            raise NetworkError(f"not every host joined the job within {timeout:g} s")
+        while not self.started.is_set():
+            if self.aborted.is_set():
+                if "lost_master" in (self.abort or {}):
+                    raise NetworkError(f"the master host {self.master} went away during the join")
+                return  # a host already failed: the caller reports it without launching
+            if time.monotonic() >= deadline:
+                raise NetworkError(f"not every host joined the job within {timeout:g} s")
+            self.started.wait(0.1)
 
     def _listen(self) -> None:
         assert self.sock is not None

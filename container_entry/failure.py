@@ -75,6 +75,49 @@ def describe_rank(record: dict[str, Any]) -> str:
     return f"{text} (hint: {advice})" if advice else text
 
 
+def _frames(block: str) -> list[str]:
+    """'file.py:LINE in func' for each frame of a faulthandler thread block, innermost first."""
+    frames = []
+    for line in block.splitlines():
+        line = line.strip()
+        if line.startswith('File "'):
+            # File "/opt/ml/code/train.py", line 73 in <module>
+            path, _, rest = line[len('File "') :].partition('", line ')
+            frames.append((path, f"{path.rsplit('/', 1)[-1]}:{rest}"))
+    return [f"{path}\0{text}" for path, text in frames]
+
+
+def where(stacks: str) -> str | None:
+    """Where the main thread was in a faulthandler dump (its block is the last one): the
+    innermost frame of the user's code, and the library call it was inside."""
+    blocks = [b for b in stacks.strip().split("\n\n") if b.strip()]
+    if not blocks:
+        return None
+    frames = [f.split("\0") for f in _frames(blocks[-1])]
+    if not frames:
+        return None
+    library = ("site-packages", "dist-packages", "/lib/python", "<frozen")
+    user = next((text for path, text in frames if not any(m in path for m in library)), None)
+    innermost = frames[0][1]
+    if user and user != innermost:
+        return f"{user}, inside {innermost}"
+    return user or innermost
+
+
+def stack_lines(run_dir: Path) -> list[str]:
+    """One line per rank whose stacks were recorded at teardown."""
+    lines = []
+    for path in sorted((run_dir / "stacks").glob("rank-*.txt")):
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        frame = where(text)
+        if frame:
+            lines.append(f"  {path.stem.replace('-', ' ')} was at {frame} ({path})")
+    return lines
+
+
 @dataclass(frozen=True)
 class Verdict:
     exit_code: int
@@ -88,7 +131,7 @@ def verdict(run: Any, host: str, run_dir: Path) -> Verdict:
     failed = sorted(
         (r for r in run.results.values() if r.get("returncode")), key=lambda r: r["rank"]
     )
-    details = [f"  {describe_rank(r)}" for r in failed] + [logs]
+    details = [f"  {describe_rank(r)}" for r in failed] + stack_lines(run_dir) + [logs]
     if run.stop_signal:
         exited = [r for r in run.results.values() if r.get("ended_at") and run.stop_at]
         slowest = max((r["ended_at"] - run.stop_at for r in exited), default=0.0)

@@ -84,6 +84,20 @@ def kill_workers(run_dir: Path, sig: signal.Signals) -> None:
             os.killpg(group, sig)
 
 
+def capture_stacks(run_dir: Path, wait: float = 0.5) -> None:
+    """Ask every live rank to write all its threads' Python stacks (faulthandler on SIGUSR2,
+    registered by _site/sitecustomize.py) before it is torn down."""
+    asked = False
+    for path in run_dir.glob("rank-*.pid"):
+        record = _read_json(path)
+        if record:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(record["child"]), signal.SIGUSR2)
+                asked = True
+    if asked:
+        time.sleep(wait)
+
+
 def _pump_stderr(process: subprocess.Popen, tail: deque[str]) -> None:
     """torchrun's stderr (its own lines and the workers') goes on to ours at once; the lines
     that are torchrun's own are kept for the failure report."""
@@ -153,7 +167,8 @@ class Supervisor:
                 if deadline is None:
                     deadline = self._decide_teardown(process, now)
                 elif now >= deadline:
-                    log("grace period over: killing the remaining workers")
+                    log("grace period over: recording stacks, killing the remaining workers")
+                    capture_stacks(self.run_dir)
                     self.run.forced_kill = True
                     kill_workers(self.run_dir, signal.SIGKILL)
                     process.kill()
@@ -203,11 +218,13 @@ class Supervisor:
                         )
                     }
                 )
+            capture_stacks(self.run_dir)
             process.send_signal(signal.SIGTERM)
             return now + self.failure_grace
         if self.member and self.member.aborted.is_set():
             self.run.remote_failure = self.member.abort or {}
-            log("another host failed: stopping this host's workers")
+            log("another host failed: recording stacks, stopping this host's workers")
+            capture_stacks(self.run_dir)
             process.send_signal(signal.SIGTERM)
             return now + self.failure_grace
         return None

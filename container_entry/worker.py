@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import IO
 
 RUN_DIR_ENV = "_CONTAINER_ENTRY_RUN_DIR"
+STACKS_ENV = "_CONTAINER_ENTRY_STACKS"  # read by _site/sitecustomize.py in the script's Python
+SITE_DIR = str(Path(__file__).resolve().parent / "_site")
 CONSOLE_ENV = "_CONTAINER_ENTRY_CONSOLE_RANKS"  # "all" or a comma list of global ranks
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
 
@@ -127,6 +129,11 @@ def main(argv: list[str]) -> int:
     command = [sys.executable, "-u", script, *args] if script.endswith(".py") else [script, *args]
     env = dict(os.environ)
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a segfault prints the Python stacks
+    # stacks on demand (SIGUSR2) for the teardown report; appended, so a user's PYTHONPATH
+    # entries (and their own sitecustomize) still come first
+    (run_dir / "stacks").mkdir(exist_ok=True)
+    env[STACKS_ENV] = str(run_dir / "stacks" / f"rank-{rank}.txt")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), SITE_DIR) if p)
     for name in (RUN_DIR_ENV, CONSOLE_ENV):
         env.pop(name, None)
 

@@ -261,6 +261,8 @@ def test_failure_on_one_host_ends_every_host_fast(tmp_path, hosts_file):
         line = first_line(tree)
         assert "rank 3 (local 1) on algo-2: exit code 1: ValueError: planted failure" in line
     assert ended - failed_at < 15, ended - failed_at
+    healthy = (trees[0].output / "failure").read_text()
+    assert "rank 0 was at fault_probe.py:" in healthy, healthy  # stacks taken before teardown
     print(f"failure -> all hosts exited: {ended - failed_at:.1f} s")
     for tree in trees:
         assert not any(alive(pid) for pid in worker_pids(tree))
