@@ -122,6 +122,8 @@ class Supervisor:
         self.failure_grace = float(plan.settings["failure_grace_period"])
         self.stop_grace = float(plan.settings["stop_grace_period"])
         self.previous: dict[signal.Signals, Any] = {}
+        # with restarts torchrun retries a failed group itself: only its final exit is a failure
+        self.restarts = plan.max_restarts
 
     # -- launch ---------------------------------------------------------------------------
     def launch(self) -> subprocess.Popen:
@@ -142,7 +144,7 @@ class Supervisor:
         self.stop_event.set()
 
     # -- monitor --------------------------------------------------------------------------
-    def _collect(self) -> None:
+    def _collect(self, final: bool = False) -> None:
         for path in self.run_dir.glob("rank-*.json"):
             record = _read_json(path)
             if record and record.get("rank") is not None:
@@ -152,7 +154,7 @@ class Supervisor:
         failed = [
             r for r in self.run.results.values() if r.get("returncode") and not r.get("stop_signal")
         ]
-        if failed:
+        if failed and (self.restarts == 0 or final):
             self.run.first_failure = min(failed, key=lambda r: r.get("ended_at", 0))
 
     def monitor(self, process: subprocess.Popen) -> None:
@@ -181,7 +183,7 @@ class Supervisor:
             kill_workers(self.run_dir, signal.SIGKILL)  # nothing outlives the launcher
             pump.join(timeout=2)
             _reap_orphans()
-        self._collect()
+        self._collect(final=True)
         self.run.returncode = process.returncode
         self.run.torchrun_tail = list(tail)
 

@@ -54,6 +54,7 @@ class Plan:
     argv: tuple[str, ...]  # the torchrun command line, the script and its arguments
     env: dict[str, EnvVar]  # variables the bootstrap adds, each with its reason
     user_env_kept: tuple[str, ...]  # variables we would have set but the user already had
+    max_restarts: int = 0  # what torchrun will use (PET_MAX_RESTARTS wins)
     settings: dict[str, Any] = field(default_factory=dict)
     install_requirements: bool = True
 
@@ -155,6 +156,13 @@ def _torchrun_flags(
     return argv, kept
 
 
+def _int_or(value: str | None, default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        raise ConfigError(f"PET_MAX_RESTARTS={value!r}: not an integer") from None
+
+
 def build_plan(env: Environment) -> Plan:
     """Decide everything about the launch; raises ConfigError naming the bad file or value."""
     topology: Topology = resolve_topology(env)
@@ -209,6 +217,9 @@ def build_plan(env: Environment) -> Plan:
     if job_name:
         wanted["SAGEMAKER_JOB_NAME"] = EnvVar(str(job_name), "transformers detects SageMaker")
     wanted["CURRENT_HOST"] = EnvVar(topology.current_host, "SageMaker contract")
+    wanted["SM_CHECKPOINT_DIR"] = EnvVar(
+        str(env.base_dir / "checkpoints"), "where SageMaker syncs checkpoints with S3 (resume)"
+    )
     wanted["PYTHONUNBUFFERED"] = EnvVar("1", "live logs: print reaches stdout at once")
     wanted["PYTHONPATH"] = EnvVar(code.code_dir, "user modules importable, as the incumbent")
     fabric = fabric_env(
@@ -245,6 +256,7 @@ def build_plan(env: Environment) -> Plan:
         argv=tuple(argv),
         env=added,
         user_env_kept=tuple(kept),
+        max_restarts=_int_or(env.environ.get("PET_MAX_RESTARTS"), knobs["max_restarts"]),
         settings=knobs,
         install_requirements=bool(knobs["install_requirements"]),
     )
