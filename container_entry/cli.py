@@ -8,6 +8,7 @@ SageMaker and SDK v3 local mode run), `plan` prints the plan, any other command 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import socket
@@ -114,6 +115,16 @@ class Job:
         for directory in (self.base / "model", self.run_dir):
             directory.mkdir(parents=True, exist_ok=True)
 
+    def preflight(self) -> Run | None:
+        """The cluster check, launched like the job itself; None when it is off."""
+        if not self.plan.preflight_argv:
+            return None
+        log("preflight: checking GPUs, matmul and all_reduce on every host")
+        checked = dataclasses.replace(self.plan, argv=self.plan.preflight_argv, max_restarts=0)
+        supervisor = Supervisor(checked, self.environ, self.run_dir / "preflight", self.member)
+        supervisor.monitor(supervisor.launch())
+        return supervisor.run
+
     def run(self) -> Run:
         supervisor = Supervisor(self.plan, self.environ, self.run_dir, self.member)
         if self.member and self.member.aborted.is_set():  # a peer failed while we prepared
@@ -173,6 +184,14 @@ def train(cli_args: Sequence[str]) -> int:
         outcome.failure(f"OSError: {error}")
         return 2
     try:
+        checked = job.preflight()
+        if checked is not None:
+            result = verdict(checked, plan.current_host, job.run_dir / "preflight")
+            if result.exit_code != 0:
+                reason = f"preflight failed, the script did not start: {result.reason}"
+                log(f"failed: {reason}")
+                outcome.failure(reason, result.details)
+                return result.exit_code
         run = job.run()
         result = verdict(run, plan.current_host, job.run_dir)
         if result.exit_code == 0:

@@ -23,6 +23,7 @@ from typing import Any
 from container_entry.coordination import Member
 from container_entry.logs import log
 from container_entry.plan import Plan
+from container_entry.preflight import EXPECTED_GPUS_ENV
 from container_entry.worker import CONSOLE_ENV, RUN_DIR_ENV
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -50,6 +51,7 @@ def child_environment(plan: Plan, environ: Mapping[str, str], run_dir: Path) -> 
         env.setdefault(name, var.value)
     env[RUN_DIR_ENV] = str(run_dir)
     env[CONSOLE_ENV] = str(plan.settings.get("console_ranks", "all"))
+    env[EXPECTED_GPUS_ENV] = str(plan.num_gpus)  # read by the preflight only
     return env
 
 

@@ -6,6 +6,7 @@ import json
 import posixpath
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from container_entry import contract, gpus, hyperparameters, settings
@@ -17,6 +18,7 @@ from container_entry.secrets import mask_argv, mask_mapping, redact, secret_valu
 
 TORCHRUN = ("-m", "torch.distributed.run")
 WORKER_MODULE = "container_entry.worker"
+PREFLIGHT_SCRIPT = str(Path(__file__).resolve().parent / "preflight.py")
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,7 @@ class Plan:
     env: dict[str, EnvVar]  # variables the bootstrap adds, each with its reason
     user_env_kept: tuple[str, ...]  # variables we would have set but the user already had
     max_restarts: int = 0  # what torchrun will use (PET_MAX_RESTARTS wins)
+    preflight_argv: tuple[str, ...] = ()  # empty: no preflight
     settings: dict[str, Any] = field(default_factory=dict)
     install_requirements: bool = True
 
@@ -194,6 +197,12 @@ def build_plan(env: Environment) -> Plan:
     script = posixpath.join(code.code_dir, program)
     # each rank runs the script through our wrapper (tagged live logs, result record)
     argv = (env.python, *TORCHRUN, *flags, "-m", WORKER_MODULE, script, *user_args)
+    preflight = knobs["preflight"] == "true" or (
+        knobs["preflight"] == "auto" and len(topology.hosts) > 1
+    )
+    preflight_argv = (
+        (env.python, *TORCHRUN, *flags, "-m", WORKER_MODULE, PREFLIGHT_SCRIPT) if preflight else ()
+    )
 
     wanted: dict[str, EnvVar] = {}
     sm = contract.sm_env(
@@ -256,6 +265,7 @@ def build_plan(env: Environment) -> Plan:
         argv=tuple(argv),
         env=added,
         user_env_kept=tuple(kept),
+        preflight_argv=preflight_argv,
         max_restarts=_int_or(env.environ.get("PET_MAX_RESTARTS"), knobs["max_restarts"]),
         settings=knobs,
         install_requirements=bool(knobs["install_requirements"]),

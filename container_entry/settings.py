@@ -55,11 +55,25 @@ def _bool(value: str) -> bool:
     raise ValueError("not a boolean")
 
 
+def _preflight(value: str) -> str:
+    value = value.strip().lower()
+    if value in ("auto", "true", "false", "1", "0", "yes", "no"):
+        return {"1": "true", "yes": "true", "0": "false", "no": "false"}.get(value, value)
+    raise ValueError("auto, true or false")
+
+
 def _ranks(value: str) -> str:
     value = value.strip().lower()
     if value == "all" or all(item.strip().isdigit() for item in value.split(",")):
         return value
     raise ValueError("'all' or comma-separated global ranks")
+
+
+def _preflight(value: str) -> str:
+    value = value.strip().lower()
+    if value in ("auto", "true", "false", "1", "0", "yes", "no"):
+        return {"1": "true", "yes": "true", "0": "false", "no": "false"}.get(value, value)
+    raise ValueError("auto, true or false")
 
 
 def _ranks(value: str) -> str:
@@ -108,6 +122,12 @@ KNOBS: tuple[Knob, ...] = (
         False,
         _bool,
         "`train` prints the plan as JSON and exits, launching nothing (`plan` inside SageMaker)",
+    ),
+    Knob(
+        "preflight",
+        "auto",
+        _preflight,
+        "cluster check before the script: auto (multi-host only), true, false",
     ),
 )
 

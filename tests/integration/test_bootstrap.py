@@ -73,6 +73,8 @@ def test_two_hosts_on_one_machine(tmp_path, hosts_file):
     ]
     outputs = [p.communicate(timeout=180)[0] for p in processes]
     assert [p.returncode for p in processes] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    for host, output in zip(hosts, outputs, strict=True):  # preflight is on for 2+ hosts
+        assert f"preflight ok on {host}: 2 workers, 0 GPUs, all_reduce latency" in output
     ranks = {}
     for host, tree in zip(hosts, trees, strict=True):
         for summary in tree.summaries("probe-rank-*.json"):

@@ -266,3 +266,37 @@ def test_failure_on_one_host_ends_every_host_fast(tmp_path, hosts_file):
     print(f"failure -> all hosts exited: {ended - failed_at:.1f} s")
     for tree in trees:
         assert not any(alive(pid) for pid in worker_pids(tree))
+
+
+def test_preflight_names_the_host_whose_device_count_is_wrong(tmp_path, hosts_file):
+    """GPU mock (no GPU exists here): a fake `nvidia-smi` on algo-2 lists 2 GPUs, so the plan
+    counts 2 while torch sees none; preflight must stop the job before the script starts."""
+    fake = tmp_path / "fake-bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text(
+        "#!/bin/sh\necho 'GPU 0: Fake GPU (UUID: GPU-0)'\necho 'GPU 1: Fake GPU (UUID: GPU-1)'\n"
+    )
+    (fake / "nvidia-smi").chmod(0o755)
+    hosts = ("algo-1", "algo-2")
+    trees = [make_tree(tmp_path, script=FAULT, current_host=h, hosts=hosts) for h in hosts]
+    processes = []
+    for tree in trees:
+        extra = (
+            {"PATH": f"{fake}:{os.environ['PATH']}"} if tree.base.parent.name == "algo-2" else {}
+        )
+        processes.append(
+            start(
+                tree,
+                {"steps": "3"},
+                CONTAINER_ENTRY_MASTER_PORT="29661",
+                argv_wrap=lambda a: with_hosts_file(a, hosts_file),
+                **extra,
+            )
+        )
+    results = [finish(p, timeout=180) for p in processes]
+    for (returncode, out, err), tree in zip(results, trees, strict=True):
+        assert returncode != 0, err[-2000:]
+        line = first_line(tree)
+        assert line.startswith("preflight failed, the script did not start"), line
+        assert "preflight check 'gpu-count' failed on host algo-2" in line, line
+        assert "started rank" not in out  # the user's script never ran

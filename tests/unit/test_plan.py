@@ -252,3 +252,20 @@ def test_cpu_host_tells_hf_trainer_and_accelerate_to_run_ddp_on_cpu():
     assert "ACCELERATE_USE_CPU" not in build_plan(make_env(nvidia_smi=NVIDIA_SMI_4)).env
     user = build_plan(make_env(environ={"SAGEMAKER_PROGRAM": "t.py", "ACCELERATE_USE_CPU": "no"}))
     assert "ACCELERATE_USE_CPU" not in user.env and "ACCELERATE_USE_CPU" in user.user_env_kept
+
+
+@pytest.mark.parametrize(
+    ("knob", "hosts", "on"),
+    [("auto", 1, False), ("auto", 2, True), ("true", 1, True), ("false", 2, False)],
+)
+def test_preflight_is_on_by_default_for_multi_host_jobs_only(knob, hosts, on):
+    names = [f"algo-{i + 1}" for i in range(hosts)]
+    env = make_env(
+        resource_config={"current_host": "algo-1", "hosts": names},
+        environ={"SAGEMAKER_PROGRAM": "t.py", "CONTAINER_ENTRY_PREFLIGHT": knob},
+    )
+    plan = build_plan(env)
+    assert bool(plan.preflight_argv) is on
+    if on:
+        assert plan.preflight_argv[-1].endswith("container_entry/preflight.py")
+        assert flag(plan.preflight_argv, "--nnodes") == str(hosts)
