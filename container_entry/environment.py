@@ -38,6 +38,7 @@ class Environment:
     code_channel_entries: tuple[str, ...] = ()  # names in <base>/input/data/code
     local_channels: tuple[str, ...] = field(default=())  # dirs in <base>/input/data
     efa_devices: tuple[str, ...] = ()  # RDMA devices bound to the efa driver
+    interfaces: tuple[str, ...] | None = None  # network interfaces here; None: unknown
 
     @property
     def config_dir(self) -> Path:
@@ -72,6 +73,13 @@ def _entries(path: Path) -> tuple[str, ...]:
         return tuple(sorted(entry.name for entry in path.iterdir()))
     except OSError:
         return ()
+
+
+def _interfaces() -> tuple[str, ...] | None:
+    try:
+        return tuple(sorted(name for _, name in socket.if_nameindex()))
+    except OSError:
+        return None
 
 
 def read_efa_devices(sys_root: Path = Path("/sys")) -> tuple[str, ...]:
@@ -113,4 +121,5 @@ def read_environment(
         code_channel_entries=_entries(data / "code"),
         local_channels=tuple(name for name in _entries(data) if (data / name).is_dir()),
         efa_devices=read_efa_devices(),
+        interfaces=_interfaces(),
     )

@@ -19,15 +19,19 @@ def fabric_env(
     topology: Topology,
     gpu_count: int,
     efa_devices: tuple[str, ...],
+    interfaces: tuple[str, ...] | None,
     cpu_count: int,
     workers_per_host: int,
     run_dir: str,
 ) -> dict[str, tuple[str, str]]:
     """name -> (value, reason) for interconnect, host identity, threads and NCCL diagnostics."""
     env: dict[str, tuple[str, str]] = {}
-    if topology.network_interface:
+    interface = topology.network_interface
+    if interface and (interfaces is None or interface in interfaces):
         for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
-            env[name] = (topology.network_interface, "interface named by resourceconfig.json")
+            env[name] = (interface, "interface named by resourceconfig.json")
+    # else: SDK v3 local mode names 'ethwe', which its containers lack; NCCL and gloo would
+    # fail on it, so they are left to pick the interface themselves
     threads = max(1, cpu_count // max(1, workers_per_host))
     env["OMP_NUM_THREADS"] = (
         str(threads),

@@ -235,6 +235,7 @@ def build_plan(env: Environment) -> Plan:
         topology=topology,
         gpu_count=gpu.count,
         efa_devices=env.efa_devices,
+        interfaces=env.interfaces,
         cpu_count=env.cpu_count,
         workers_per_host=int(nproc) if nproc.isdigit() else max(1, gpu.count),
         run_dir=posixpath.join(str(env.base_dir), "output", "data", "container-entry"),

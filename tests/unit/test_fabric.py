@@ -63,3 +63,15 @@ def test_nccl_diagnostics_and_host_identity_on_gpu_hosts_only():
     )
     cpu = build_plan(make_env()).env
     assert not any(name.startswith(("NCCL_HOSTID", "TORCH_NCCL")) for name in cpu)
+
+
+def test_socket_interface_only_when_it_exists_here():
+    config = {
+        "current_host": "algo-1",
+        "hosts": ["algo-1", "algo-2"],
+        "network_interface_name": "ethwe",
+    }  # what SDK v3 local mode writes
+    missing = build_plan(make_env(resource_config=config, interfaces=("eth0", "lo")))
+    assert "GLOO_SOCKET_IFNAME" not in missing.env and "NCCL_SOCKET_IFNAME" not in missing.env
+    present = build_plan(make_env(resource_config=config, interfaces=("ethwe", "lo")))
+    assert present.env["GLOO_SOCKET_IFNAME"].value == "ethwe"
