@@ -43,10 +43,14 @@ def ensure_venv(name: str, requirements: Path) -> Path:
         started = time.monotonic()
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         pip = [str(python), "-m", "pip", "--disable-pip-version-check", "--no-input"]
-        subprocess.run(
+        install = subprocess.run(
             [*pip, "install", "-q", "--no-deps", "--no-compile", "-r", str(requirements)],
-            check=True,
+            capture_output=True,
+            text=True,
+            check=False,
         )
+        if install.returncode:  # pip's stderr is noisy here (missing local index dirs)
+            raise RuntimeError(f"pip install -r {requirements.name} failed:\n{install.stderr}")
         subprocess.run([*pip, "check"], check=True, stdout=subprocess.DEVNULL)
         frozen = subprocess.run(
             [*pip, "freeze"], check=True, capture_output=True, text=True
