@@ -69,20 +69,6 @@ def _ranks(value: str) -> str:
     raise ValueError("'all' or comma-separated global ranks")
 
 
-def _preflight(value: str) -> str:
-    value = value.strip().lower()
-    if value in ("auto", "true", "false", "1", "0", "yes", "no"):
-        return {"1": "true", "yes": "true", "0": "false", "no": "false"}.get(value, value)
-    raise ValueError("auto, true or false")
-
-
-def _ranks(value: str) -> str:
-    value = value.strip().lower()
-    if value == "all" or all(item.strip().isdigit() for item in value.split(",")):
-        return value
-    raise ValueError("'all' or comma-separated global ranks")
-
-
 KNOBS: tuple[Knob, ...] = (
     Knob("master_port", 29500, _port, "TCP port of the rendezvous on the master host"),
     Knob(

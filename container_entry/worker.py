@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -65,48 +66,39 @@ def _shown(rank: int) -> bool:
     return spec in ("", "all") or str(rank) in {item.strip() for item in spec.split(",")}
 
 
-def _pump(
-    stream: IO[bytes],
-    out: IO[str],
-    prefix: str,
-    log: IO[str],
-    lock: threading.Lock,
-    show: bool,
-    tail: collections.deque[str] | None,
-) -> None:
-    """Forward lines as they come: '\\n' or '\\r' ends a line so progress bars show too."""
-    pending = b""
-    while True:
-        chunk = os.read(stream.fileno(), 65536)
-        if not chunk:
-            break
-        pending += chunk
-        *lines, pending = re.split(rb"\r\n|\n|\r", pending)
-        _emit(lines, out, prefix, log, lock, show, tail)
-    if pending:
-        _emit([pending], out, prefix, log, lock, show, tail)
+@dataclass
+class _Sink:
+    """Where one stream of the script goes: the console (tagged, if shown) and the rank log."""
 
+    out: IO[str]
+    prefix: str
+    log: IO[str]
+    lock: threading.Lock
+    show: bool
+    tail: collections.deque[str] | None = None  # kept for the result record (stderr)
 
-def _emit(
-    lines: list[bytes],
-    out: IO[str],
-    prefix: str,
-    log: IO[str],
-    lock: threading.Lock,
-    show: bool,
-    tail: collections.deque[str] | None,
-) -> None:
-    texts = [line.decode("utf-8", errors="replace") for line in lines]
-    with lock:
-        for text in texts:
-            log.write(text + "\n")
-            if show:
-                out.write(f"{prefix}{text}\n")
-        log.flush()
-        if show:
-            out.flush()
-    if tail is not None:
-        tail.extend(texts)
+    def pump(self, stream: IO[bytes]) -> None:
+        """Forward lines as they come: '\\n' or '\\r' ends a line so progress bars show too."""
+        pending = b""
+        while chunk := os.read(stream.fileno(), 65536):
+            pending += chunk
+            *lines, pending = re.split(rb"\r\n|\n|\r", pending)
+            self.emit(lines)
+        if pending:
+            self.emit([pending])
+
+    def emit(self, lines: list[bytes]) -> None:
+        texts = [line.decode("utf-8", errors="replace") for line in lines]
+        with self.lock:
+            for text in texts:
+                self.log.write(text + "\n")
+                if self.show:
+                    self.out.write(f"{self.prefix}{text}\n")
+            self.log.flush()
+            if self.show:
+                self.out.flush()
+        if self.tail is not None:
+            self.tail.extend(texts)
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -157,26 +149,17 @@ def main(argv: list[str]) -> int:
     show = _shown(rank)
     prefix = f"[{host} rank {rank}] "
     with open(run_dir / "logs" / f"rank-{rank}.log", "a", encoding="utf-8") as log:
+        sinks = [
+            (child.stdout, _Sink(sys.stdout, prefix, log, lock, show)),
+            (child.stderr, _Sink(sys.stderr, prefix, log, lock, show, tail)),
+        ]
         pumps = [
-            threading.Thread(
-                target=_pump,
-                args=(child.stdout, sys.stdout, prefix, log, lock, show, None),
-                daemon=True,
-            ),
-            threading.Thread(
-                target=_pump,
-                args=(child.stderr, sys.stderr, prefix, log, lock, show, tail),
-                daemon=True,
-            ),
+            threading.Thread(target=sink.pump, args=(stream,), daemon=True)
+            for stream, sink in sinks
         ]
         for pump in pumps:
             pump.start()
-        while True:
-            try:
-                status = child.wait()
-                break
-            except InterruptedError:  # pragma: no cover - PEP 475 retries for us
-                continue
+        status = child.wait()
         for pump in pumps:
             pump.join(timeout=5)
 
