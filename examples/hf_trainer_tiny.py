@@ -32,11 +32,11 @@ TINY = {  # small configs per model type: built from scratch, nothing is downloa
 
 
 def make_examples(n=N_EXAMPLES, seed=1234):
-    """Deterministic rows: filler tokens 7..63 plus 0-4 copies each of A and B (never equal)."""
+    """Deterministic rows: filler tokens 7..63 plus 0-7 copies each of A and B (never equal)."""
     g = torch.Generator().manual_seed(seed)
     rows = []
     for i in range(n):
-        n_a, n_b = torch.randperm(5, generator=g)[:2].tolist()
+        n_a, n_b = torch.randperm(8, generator=g)[:2].tolist()
         ids = torch.randint(7, VOCAB, (SEQ_LEN,), generator=g)
         ids[torch.randperm(SEQ_LEN, generator=g)[: n_a + n_b]] = torch.tensor([A] * n_a + [B] * n_b)
         rows.append({"input_ids": ids.tolist(), "label": int(n_a > n_b), "id": i})
@@ -142,7 +142,10 @@ def main():
     with open(os.path.join(summary_dir, f"rank-{rank}.json"), "w") as handle:
         json.dump(summary, handle, indent=1)
     first, last = (f"{losses[i]:.4f}" if losses else "n/a" for i in (0, -1))
-    print(f"rank {rank}/{world_size} host {summary['host']} first_loss {first} last_loss {last}")
+    print(
+        f"rank {rank}/{world_size} host {summary['host']} first_loss {first} last_loss {last}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":
