@@ -15,8 +15,12 @@ PYTHON       := $(VENV)/bin/python
 PYTEST_ARGS  ?=
 SCRIPT       ?= examples/hf_trainer_tiny.py
 ARGS         ?=
+GPUS         ?= all
+REGISTRY     ?=
+REPOSITORY   ?= container-entry
+MOVING_TAG   ?= latest
 
-.PHONY: help venv standin build demo test unit lint run clean
+.PHONY: help venv standin build demo test unit lint login-base push run clean
 
 help: ## list targets and variables
 	@echo "Targets:"
@@ -25,8 +29,19 @@ help: ## list targets and variables
 	@echo "  BASE_IMAGE  base image for build (default: the HF PyTorch training GPU DLC)"
 	@echo "  IMAGE       tag of the image build produces (default: $(IMAGE))"
 	@echo "  STANDIN     tag of the offline DLC stand-in used by demo/test ($(STANDIN))"
-	@echo "  SCRIPT/ARGS script and arguments for run (default: $(SCRIPT))"
+	@echo "  SCRIPT/ARGS script and arguments for run (default: $(SCRIPT)); ARGS is split like"
+	@echo "              a shell would split it but never evaluated"
+	@echo "  GPUS        docker --gpus value for run (all; none for a CPU-only machine)"
 	@echo "  PYTEST_ARGS extra pytest arguments for test"
+	@echo "  VERSION     version tag for push, immutable in ECR (default: pyproject's, $(VERSION))"
+	@echo "  REVISION    git revision tag for push, immutable in ECR (default: git HEAD, $(REVISION))"
+	@echo "  MOVING_TAG  tag push moves to every new image ($(MOVING_TAG))"
+	@echo "  REPOSITORY  repository push creates/uses ($(REPOSITORY))"
+	@echo "  REGISTRY    HOST[:PORT] of a non-ECR registry for push (default: empty = Amazon ECR"
+	@echo "              of the AWS account and AWS_REGION that boto3 finds)"
+	@echo "  Environment for push/login-base: AWS_REGION, AWS_PROFILE or AWS_ACCESS_KEY_ID/...,"
+	@echo "  AWS_ENDPOINT_URL (ECR API endpoint), ECR_REGISTRY_OVERRIDE=HOST[:PORT] (docker"
+	@echo "  login/push for ECR go there instead; tests), RELEASE_BRANCH (buildspec, main)"
 
 venv: $(VENV)/.done ## create .venv with the pinned dev/test dependencies
 $(VENV)/.done: requirements/dev.txt pyproject.toml
@@ -55,14 +70,42 @@ test: venv ## run every test (unit, real torchrun, docker cluster); needs a dock
 unit: venv ## run the unit tests only (no docker, no processes)
 	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)
 
-lint: venv ## ruff on Python, shellcheck on shell scripts
+lint: venv ## ruff on Python, hadolint on the Dockerfiles, shellcheck on shell scripts (all from .venv)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	shellcheck scripts/*.sh docker/standin/*.sh .ci/run
+	$(VENV)/bin/hadolint docker/Dockerfile docker/standin/Dockerfile
+	$(VENV)/bin/shellcheck scripts/*.sh docker/standin/*.sh .ci/run
 
-run: ## docker run --gpus all IMAGE on SCRIPT ARGS, current dir mounted at /opt/ml/code
-	docker run --rm --gpus all --shm-size 1g -v "$(CURDIR)":/opt/ml/code -w /opt/ml/code \
-		$(IMAGE) train /opt/ml/code/$(SCRIPT) $(ARGS)
+# Values reach scripts/push.py through the environment ("$$PUSH_..."), never pasted into a
+# shell command line.
+login-base push: export PUSH_BASE_IMAGE = $(BASE_IMAGE)
+push: export PUSH_IMAGE = $(IMAGE)
+push: export PUSH_REGISTRY = $(REGISTRY)
+push: export PUSH_REPOSITORY = $(REPOSITORY)
+push: export PUSH_VERSION = $(VERSION)
+push: export PUSH_REVISION = $(REVISION)
+push: export PUSH_MOVING_TAG = $(MOVING_TAG)
+
+login-base: venv ## docker login to BASE_IMAGE's ECR registry when it is not on this machine
+	$(PYTHON) scripts/push.py login-base --base-image "$$PUSH_BASE_IMAGE"
+
+push: login-base ## build, tag VERSION, REVISION, MOVING_TAG, push to ECR (or REGISTRY); prints URI@digest
+	$(MAKE) --no-print-directory build
+	$(PYTHON) scripts/push.py push --image "$$PUSH_IMAGE" --registry "$$PUSH_REGISTRY" \
+		--repository "$$PUSH_REPOSITORY" --version "$$PUSH_VERSION" --revision "$$PUSH_REVISION" \
+		--moving-tag "$$PUSH_MOVING_TAG" --uri-file build/image-uri.txt
+
+run: export RUN_IMAGE = $(IMAGE)
+run: export RUN_SCRIPT = $(SCRIPT)
+run: export RUN_ARGS = $(ARGS)
+run: export RUN_GPUS = $(GPUS)
+run: ## docker run --gpus GPUS IMAGE on SCRIPT ARGS (current dir mounted at /opt/ml/code)
+	python3 scripts/run_local.py
+
+.PHONY: bench
+bench: venv standin ## ours vs bare torchrun vs the DLC launcher, 3 rounds (~15 min; ARGS=--quick: 1 round) -> docs/benchmarks.md
+	$(MAKE) --no-print-directory build BASE_IMAGE=$(STANDIN) IMAGE=container-entry:bench
+	$(PYTHON) scripts/benchmark.py --image container-entry:bench --base $(STANDIN) $(ARGS)
 
 clean: ## remove build outputs and the venv (images are kept)
 	rm -rf build dist *.egg-info $(VENV) .pytest_cache .ruff_cache
