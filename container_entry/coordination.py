@@ -92,6 +92,9 @@ class Coordinator:
             elif kind == "done" and host:
                 with self.lock:
                     self.finished.add(host)
+        if host:
+            with self.lock:
+                self.finished.add(host)  # gone: done, failed or stopped, nothing to wait for
 
     def relay_failure(self, failure: dict[str, Any]) -> None:
         with self.lock:
@@ -107,11 +110,12 @@ class Coordinator:
             return [h for h in self.hosts if h not in self.joined]
 
     def wait_finished(self, timeout: float) -> None:
-        """Keep serving until every host reported done or went away (bounded)."""
+        """Keep serving until every host reported done or closed its connection (bounded), so a
+        relayed failure reaches every host before the master's bootstrap exits."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self.lock:
-                if len(self.finished) + (self.first_failure is not None) >= len(self.hosts):
+                if self.finished >= set(self.joined):
                     return
             time.sleep(0.1)
 
