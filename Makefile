@@ -20,7 +20,7 @@ REGISTRY     ?=
 REPOSITORY   ?= container-entry
 MOVING_TAG   ?= latest
 
-.PHONY: help venv standin build demo test unit lint login-base push run clean
+.PHONY: help docker venv standin build demo test unit lint login-base push run clean
 
 help: ## list targets and variables
 	@echo "Targets:"
@@ -50,21 +50,24 @@ $(VENV)/.done: requirements/dev.txt pyproject.toml
 	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
-standin: ## build the offline stand-in of the DLC (debootstrap + wheels, no registry)
+standin: docker ## build the offline stand-in of the DLC (debootstrap + wheels, no registry)
 	scripts/build-standin.sh $(STANDIN)
 
 build: ## build the image: make build BASE_IMAGE=<image> IMAGE=<tag>
 	docker build -f docker/Dockerfile --build-arg BASE_IMAGE=$(BASE_IMAGE) \
 		--build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t $(IMAGE) .
 
-demo: venv standin ## build stand-in + image, run a 2-host x 2-worker CPU HF Trainer job
+docker: ## make sure a docker engine runs (installs and starts one as root if needed)
+	scripts/ensure-docker.sh
+
+demo: docker venv standin ## build stand-in + image, run a 2-host x 2-worker CPU HF Trainer job
 	$(MAKE) build BASE_IMAGE=$(STANDIN) IMAGE=$(DEMO_IMAGE)
 	$(PYTHON) examples/hf_trainer_tiny.py --write-data build/demo-data
 	$(PYTHON) scripts/local_cluster.py --image $(DEMO_IMAGE) --hosts 2 --workers-per-host 2 \
 		--script examples/hf_trainer_tiny.py --data build/demo-data/data.jsonl \
 		--hp epochs=3 --hp learning-rate=0.005
 
-test: venv ## run every test (unit, real torchrun, docker cluster); needs a docker engine
+test: docker venv ## run every test (unit, real torchrun, docker cluster); needs a docker engine
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
 
 unit: venv ## run the unit tests only (no docker, no processes)
