@@ -106,7 +106,7 @@ run: ## docker run --gpus GPUS IMAGE on SCRIPT ARGS (current dir mounted at /opt
 	python3 scripts/run_local.py
 
 .PHONY: bench
-bench: venv standin ## ours vs bare torchrun vs the DLC launcher, 3 rounds (~15 min; ARGS=--quick: 1 round) -> docs/benchmarks.md
+bench: venv standin ## ours vs bare torchrun vs the DLC launcher, 3 rounds (~10 min on 2 cores; ARGS=--quick: 1 round) -> docs/benchmarks.md
 	$(MAKE) --no-print-directory build BASE_IMAGE=$(STANDIN) IMAGE=container-entry:bench
 	$(PYTHON) scripts/benchmark.py --image container-entry:bench --base $(STANDIN) $(ARGS)
 

@@ -74,6 +74,11 @@ def _stop_before_launch(signum: int, _frame: object) -> None:
     raise StopRequested(f"stopped by {signal.Signals(signum).name} before the workers started")
 
 
+def _late_stop(signum: int, _frame: object) -> None:
+    # the workers are done and the outcome is written: a stop now changes nothing
+    log(f"received {signal.Signals(signum).name} after the workers finished: finishing up")
+
+
 class Job:
     """One host's part of the job: join the others, prepare, launch, report."""
 
@@ -204,6 +209,8 @@ def train(cli_args: Sequence[str]) -> int:
             )
         return result.exit_code
     finally:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, _late_stop)
         job.finish(success=locals().get("result") is not None and result.exit_code == 0)
 
 

@@ -178,6 +178,7 @@ class Supervisor:
                     process.kill()
                     break
                 self.stop_event.wait(POLL_SECONDS)
+                self.stop_event.clear()  # a handled stop must not turn this into a busy loop
             process.wait()
         finally:
             for sig, handler in self.previous.items():

@@ -287,8 +287,28 @@ def run_job(variant: str, config: Config, root: Path) -> dict[str, Any]:
     except Exception as error:
         result["error"] = f"{type(error).__name__}: {error}\n{_tail(cluster)}"
     finally:
-        cluster.cleanup()
+        _cleanup(cluster)
     return result
+
+
+def _cleanup(cluster: Cluster) -> None:
+    try:
+        cluster.cleanup()
+    except Exception as error:  # e.g. the engine restarted under us: nothing left to remove
+        print(f"cleanup: {type(error).__name__}: {error}", file=sys.stderr)
+
+
+def _wait_for_engine(client: Any, seconds: float = 300) -> None:
+    """Another job on this machine may restart the docker engine: wait for it to answer."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            client.ping()
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2)
 
 
 def _reloaded(cluster: Cluster) -> list[Any]:
@@ -334,7 +354,7 @@ def run_failure(variant: str, config: Config, root: Path) -> dict[str, Any]:
     except Exception as error:
         result["error"] = f"{type(error).__name__}: {error}\n{_tail(cluster)}"
     finally:
-        cluster.cleanup()
+        _cleanup(cluster)
     return result
 
 
@@ -656,11 +676,14 @@ def main() -> int:
         for scenario in scenarios:
             order = variants[round_ % len(variants) :] + variants[: round_ % len(variants)]
             for variant in order:
+                _wait_for_engine(client)
                 others = len(client.containers.list())
                 load["others"] = max(load["others"], others)
                 root = Path(tempfile.mkdtemp(prefix="ce-bench-"))
                 try:
                     result = SCENARIOS[scenario](variant, config, root)
+                except Exception as error:  # the engine went away mid-run
+                    result = {"variant": variant, "scenario": scenario, "error": repr(error)}
                 finally:
                     shutil.rmtree(root, ignore_errors=True)
                 result["round"] = round_
