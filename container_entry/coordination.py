@@ -194,5 +194,9 @@ class Member:
     def close(self) -> None:
         self.finished = True
         if self.sock is not None:
+            # shutdown() sends the FIN even while the listener thread sits in recv(); a bare
+            # close() leaves the master waiting for this host until its timeout
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 self.sock.close()
