@@ -159,6 +159,40 @@ def _torchrun_flags(
     return argv, kept
 
 
+def _rendezvous(
+    topology: Topology,
+    master_addr: str,
+    master_port: int,
+    restarts: int,
+    job_name: object,
+) -> dict[str, str]:
+    """How the hosts meet: torchrun's static rendezvous, or c10d's when the group may restart.
+
+    Static rendezvous keeps one TCPStore for every attempt with no per-attempt prefix, so a
+    restarted rank can read a dead peer's address from the first attempt and fail to connect;
+    c10d's rendezvous, with its store not shared with the workers (the plan sets
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE), gives every attempt a fresh store. Node rank 0
+    hosts the rendezvous store (said outright: resolving the master's name is no proof of being
+    it), and each host advertises its own name so the workers' store is reached across hosts.
+    """
+    if restarts == 0:
+        return {
+            "node-rank": str(topology.node_rank),
+            "master-addr": master_addr,
+            "master-port": str(master_port),
+            "max-restarts": "0",
+        }
+    single = len(topology.hosts) == 1
+    return {
+        "rdzv-backend": "c10d",
+        "rdzv-endpoint": f"{master_addr}:{master_port}",
+        "rdzv-id": str(job_name or "container-entry"),
+        "rdzv-conf": f"is_host={'true' if topology.node_rank == 0 else 'false'}",
+        "local-addr": "127.0.0.1" if single else topology.current_host,
+        "max-restarts": str(restarts),
+    }
+
+
 def _int_or(value: str | None, default: int) -> int:
     try:
         return int(value) if value is not None else default
@@ -176,24 +210,25 @@ def build_plan(env: Environment) -> Plan:
     code = _code_source(env, program, hps.sagemaker)
     user_args = list(env.cli_args[1:]) if env.cli_args else hyperparameters.to_args(hps.user)
     user_hps = dict(hps.user)
+    job_name = env.environ.get("TRAINING_JOB_NAME") or hps.sagemaker.get("sagemaker_job_name")
 
     nproc, nproc_source = (str(gpu.count), gpu.source) if gpu.count else ("1", "no GPU: CPU")
     if "PET_NPROC_PER_NODE" in env.environ:
         nproc, nproc_source = env.environ["PET_NPROC_PER_NODE"], "PET_NPROC_PER_NODE"
-    flags, pet_kept = _torchrun_flags(
-        env.environ,
-        {
-            "nnodes": str(len(topology.hosts)),
-            "nproc-per-node": str(gpu.count or 1),
-            "node-rank": str(topology.node_rank),
-            "master-addr": topology.master_addr,
-            "master-port": str(knobs["master_port"]),
-            "max-restarts": str(knobs["max_restarts"]),
-            "shutdown-timeout": str(int(knobs["stop_grace_period"])),
-        },
-    )
     master_port = int(env.environ.get("PET_MASTER_PORT") or knobs["master_port"])
     master_addr = env.environ.get("PET_MASTER_ADDR") or topology.master_addr
+    restarts = _int_or(env.environ.get("PET_MAX_RESTARTS"), knobs["max_restarts"])
+    size = {"nnodes": str(len(topology.hosts)), "nproc-per-node": str(gpu.count or 1)}
+    stop = {"shutdown-timeout": str(int(knobs["stop_grace_period"]))}
+    flags, pet_kept = _torchrun_flags(
+        env.environ,
+        {**size, **_rendezvous(topology, master_addr, master_port, restarts, job_name), **stop},
+    )
+    # preflight is one attempt: static rendezvous, no restarts
+    preflight_flags, _ = _torchrun_flags(
+        env.environ,
+        {**size, **_rendezvous(topology, master_addr, master_port, 0, job_name), **stop},
+    )
     script = posixpath.join(code.code_dir, program)
     # each rank runs the script through our wrapper (tagged live logs, result record)
     argv = (env.python, *TORCHRUN, *flags, "-m", WORKER_MODULE, script, *user_args)
@@ -201,7 +236,9 @@ def build_plan(env: Environment) -> Plan:
         knobs["preflight"] == "auto" and len(topology.hosts) > 1
     )
     preflight_argv = (
-        (env.python, *TORCHRUN, *flags, "-m", WORKER_MODULE, PREFLIGHT_SCRIPT) if preflight else ()
+        (env.python, *TORCHRUN, *preflight_flags, "-m", WORKER_MODULE, PREFLIGHT_SCRIPT)
+        if preflight
+        else ()
     )
 
     wanted: dict[str, EnvVar] = {}
@@ -222,7 +259,6 @@ def build_plan(env: Environment) -> Plan:
     )
     for name, value in sm.items():
         wanted[name] = EnvVar(value, "SageMaker contract (as sagemaker-training exports it)")
-    job_name = env.environ.get("TRAINING_JOB_NAME") or hps.sagemaker.get("sagemaker_job_name")
     if job_name:
         wanted["SAGEMAKER_JOB_NAME"] = EnvVar(str(job_name), "transformers detects SageMaker")
     wanted["CURRENT_HOST"] = EnvVar(topology.current_host, "SageMaker contract")
@@ -242,6 +278,10 @@ def build_plan(env: Environment) -> Plan:
     )
     for name, (value, reason) in fabric.items():
         wanted[name] = EnvVar(value, reason)
+    if restarts:
+        wanted["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = EnvVar(
+            "1", "restarts: every attempt gets a fresh store (no stale peer addresses)"
+        )
 
     added = {k: v for k, v in wanted.items() if k not in env.environ}
     kept = sorted({k for k in wanted if k in env.environ} | set(pet_kept))
@@ -267,7 +307,7 @@ def build_plan(env: Environment) -> Plan:
         env=added,
         user_env_kept=tuple(kept),
         preflight_argv=preflight_argv,
-        max_restarts=_int_or(env.environ.get("PET_MAX_RESTARTS"), knobs["max_restarts"]),
+        max_restarts=restarts,
         settings=knobs,
         install_requirements=bool(knobs["install_requirements"]),
     )

@@ -17,6 +17,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from hf_trainer_tiny import TINY, VOCAB, JsonlDataset, load_examples
+from safetensors.torch import save_model
 from transformers import (
     AutoConfig,
     AutoModelForSequenceClassification,
@@ -24,7 +25,6 @@ from transformers import (
     TrainerCallback,
     TrainingArguments,
 )
-from transformers.trainer_utils import get_last_checkpoint
 
 
 class SlowSteps(TrainerCallback):
@@ -35,6 +35,48 @@ class SlowSteps(TrainerCallback):
         time.sleep(self.seconds)
 
 
+class WeightsOnEveryNode(TrainerCallback):
+    """Completes each host's checkpoint with the model weights.
+
+    With save_on_each_node the Trainer writes optimizer, scheduler and state on every host, but
+    transformers 5 writes the weights on global rank 0 only, so the other hosts could not
+    resume from their own /opt/ml/checkpoints. DDP keeps every replica identical, so the local
+    main process writes its own copy (atomically: a half-written file is never taken).
+    """
+
+    def on_save(self, args, state, control, model=None, **kwargs):
+        if args.local_process_index != 0 or args.process_index == 0 or model is None:
+            return
+        directory = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        target = os.path.join(directory, "model.safetensors")
+        if os.path.isdir(directory) and not os.path.exists(target):
+            save_model(model, target + ".tmp")
+            os.replace(target + ".tmp", target)
+
+
+def newest_complete_checkpoint(root):
+    """The newest checkpoint-N holding both weights and trainer state; a job killed in the
+    middle of a save leaves a partial directory that must not be resumed from."""
+    if not os.path.isdir(root):
+        return None
+    steps = sorted(
+        (
+            int(name.split("-", 1)[1])
+            for name in os.listdir(root)
+            if name.startswith("checkpoint-") and name.split("-", 1)[1].isdigit()
+        ),
+        reverse=True,
+    )
+    for step in steps:
+        path = os.path.join(root, f"checkpoint-{step}")
+        if all(
+            os.path.isfile(os.path.join(path, f))
+            for f in ("model.safetensors", "trainer_state.json")
+        ):
+            return path
+    return None
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-steps", type=int, default=40)
@@ -43,12 +85,14 @@ def main():
     args, _ = parser.parse_known_args()
 
     checkpoints = os.environ.get("SM_CHECKPOINT_DIR", "/opt/ml/checkpoints")
-    last = get_last_checkpoint(checkpoints) if os.path.isdir(checkpoints) else None
+    last = newest_complete_checkpoint(checkpoints)
     training_args = TrainingArguments(
         output_dir=checkpoints,
         max_steps=args.max_steps,
         save_steps=args.save_steps,
         save_strategy="steps",
+        # every SageMaker host has its own /opt/ml/checkpoints: each keeps a copy to resume from
+        save_on_each_node=True,
         per_device_train_batch_size=8,
         learning_rate=5e-3,
         logging_steps=1,
@@ -62,7 +106,7 @@ def main():
         model=model,
         args=training_args,
         train_dataset=JsonlDataset(rows),
-        callbacks=[SlowSteps(args.step_sleep)],
+        callbacks=[SlowSteps(args.step_sleep), WeightsOnEveryNode()],
     )
     resumed_from = trainer_state_step(last)
     print(

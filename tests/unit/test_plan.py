@@ -52,6 +52,41 @@ def test_pet_variables_win_and_are_never_overridden_on_the_command_line(pet, val
     assert pet not in plan.env
 
 
+def test_no_restarts_keeps_torchruns_static_rendezvous():
+    plan = build_plan(make_env(resource_config=TWO_HOSTS))
+    assert (flag(plan.argv, "--node-rank"), flag(plan.argv, "--master-port")) == ("1", "29500")
+    assert flag(plan.argv, "--max-restarts") == "0"
+    assert "--rdzv-backend" not in plan.argv
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in plan.env
+
+
+@pytest.mark.parametrize(("current", "is_host"), [("algo-1", "true"), ("algo-2", "false")])
+def test_restarts_switch_to_c10d_rendezvous_with_a_fresh_store_per_attempt(current, is_host):
+    config = {**TWO_HOSTS, "current_host": current}
+    hps = {"container_entry_max_restarts": 2, "sagemaker_job_name": "job-7"}
+    plan = build_plan(make_env(resource_config=config, hyperparameters=hps))
+    assert plan.max_restarts == 2
+    assert flag(plan.argv, "--max-restarts") == "2"
+    assert flag(plan.argv, "--rdzv-backend") == "c10d"
+    assert flag(plan.argv, "--rdzv-endpoint") == "algo-1:29500"
+    assert flag(plan.argv, "--rdzv-id") == "job-7"
+    assert flag(plan.argv, "--rdzv-conf") == f"is_host={is_host}"  # node rank 0 hosts the store
+    assert flag(plan.argv, "--local-addr") == current
+    assert "--node-rank" not in plan.argv and "--master-addr" not in plan.argv
+    assert plan.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"].value == "1"
+    # the preflight is a single attempt: static rendezvous, no restarts
+    assert flag(plan.preflight_argv, "--max-restarts") == "0"
+    assert flag(plan.preflight_argv, "--master-addr") == "algo-1"
+    assert "--rdzv-backend" not in plan.preflight_argv
+
+
+def test_restarts_on_one_host_rendezvous_on_loopback():
+    plan = build_plan(make_env(environ={"SAGEMAKER_PROGRAM": "t.py", "PET_MAX_RESTARTS": "1"}))
+    assert flag(plan.argv, "--rdzv-endpoint") == "127.0.0.1:29500"
+    assert flag(plan.argv, "--local-addr") == "127.0.0.1"
+    assert flag(plan.argv, "--rdzv-id") == "container-entry"
+
+
 def test_pet_values_are_what_the_plan_reports():
     environ = {"SAGEMAKER_PROGRAM": "t.py", "PET_NPROC_PER_NODE": "2", "PET_MASTER_PORT": "4242"}
     plan = build_plan(make_env(environ=environ))
