@@ -110,5 +110,9 @@ bench: venv standin ## ours vs bare torchrun vs the DLC launcher, 3 rounds (~10 
 	$(MAKE) --no-print-directory build BASE_IMAGE=$(STANDIN) IMAGE=container-entry:bench
 	$(PYTHON) scripts/benchmark.py --image container-entry:bench --base $(STANDIN) $(ARGS)
 
+.PHONY: bench-threads
+bench-threads: venv ## CPU HF Trainer steps/s: OMP_NUM_THREADS default vs torchrun's 1 (~5 min) -> docs/thread-benchmark.md
+	$(PYTHON) scripts/thread_benchmark.py $(ARGS)
+
 clean: ## remove build outputs and the venv (images are kept)
 	rm -rf build dist *.egg-info $(VENV) .pytest_cache .ruff_cache

@@ -8,9 +8,12 @@ import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from container_entry.logs import log, redact
+
+if TYPE_CHECKING:  # launch's Run is only read here; no import cycle at run time
+    from container_entry.launch import Run
 
 # SageMaker shows this many characters of the failure file as the job's FailureReason.
 FAILURE_REASON_LIMIT = 1024
@@ -125,7 +128,7 @@ class Verdict:
     details: list[str]
 
 
-def verdict(run: Any, host: str, run_dir: Path) -> Verdict:
+def verdict(run: Run, host: str, run_dir: Path) -> Verdict:
     """From what the supervisor saw to an exit code and a failure text."""
     logs = f"per-rank logs and records: {run_dir}"
     failed = sorted(

@@ -32,7 +32,7 @@ POLL_SECONDS = 0.1
 
 @dataclass
 class Run:
-    """What the monitor saw; `verdict.py`-style reporting reads it (see failure.report)."""
+    """What the monitor saw; failure.verdict turns it into an exit code and a failure text."""
 
     returncode: int | None = None  # torchrun's
     results: dict[int, dict[str, Any]] = field(default_factory=dict)

@@ -113,7 +113,7 @@ def main():
     model = AutoModelForSequenceClassification.from_config(config)
     rows, source = load_examples()
     trainer = Trainer(model=model, args=training_args, train_dataset=JsonlDataset(rows))
-    trainer.train()
+    metrics = trainer.train().metrics
     trainer.save_model(os.environ.get("SM_MODEL_DIR", os.path.join(out_base, "model")))
 
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
@@ -133,6 +133,8 @@ def main():
         "data": source,
         "num_examples": len(rows),
         "steps": trainer.state.global_step,
+        "train_runtime": metrics.get("train_runtime"),
+        "train_steps_per_second": metrics.get("train_steps_per_second"),
         "first_loss": losses[0] if losses else None,
         "last_loss": losses[-1] if losses else None,
         "host": host or socket.gethostname(),

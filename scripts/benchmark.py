@@ -421,7 +421,15 @@ def build_table(
     def count(variant: str, scenario: str) -> int:
         return sum(1 for r in runs if r["variant"] == variant and r["scenario"] == scenario)
 
-    def latency_row(label, key, scale, digits, goal_text, goal_ok, missing):
+    def latency_row(
+        label: str,
+        key: str,
+        scale: float,
+        digits: int,
+        goal_text: str,
+        goal_ok: Callable[[list[float], list[float]], bool] | None,
+        missing: tuple[str, Callable[[str, int], str]],
+    ) -> None:
         xs = {v: values(runs, v, key) for v in VARIANTS}
         shown = {}
         for v in variants:
@@ -440,49 +448,37 @@ def build_table(
             f"{goal_text} | {verdict} |"
         )
 
-    never = lambda what: lambda v, n: f"{what} in {n} run{'s' if n > 1 else ''}"  # noqa: E731
-    latency_row(
-        "container start → first line of the user's script (s)",
-        "start_s", 1, 2, "≤ 1.15x bare torchrun (median)",
-        lambda o, t: bool(t) and statistics.median(o) <= 1.15 * statistics.median(t),
-        ("job", never("no first line")),
-    )  # fmt: skip
-    latency_row(
-        "print → visible on the container's stdout, median line (ms)",
-        "log_median_s", 1000, 0, "≤ 1 s (every run)",
-        lambda o, t: max(o) <= 1.0,
-        ("job", never("no tick lines")),
-    )  # fmt: skip
-    latency_row(
-        "print → visible on the container's stdout, slowest line (ms)",
-        "log_max_s", 1000, 0, "≤ 1 s (every run)",
-        lambda o, t: max(o) <= 1.0,
-        ("job", never("no tick lines")),
-    )  # fmt: skip
-    latency_row(
-        "one rank fails on host 2 of 2 → every container exited (s)",
-        "failure_s", 1, 1, "≤ 15 s (every run)",
-        lambda o, t: max(o) <= 15,
-        ("failure", never(f"still running {config.fail_cap:.0f} s after the failure")),
-    )  # fmt: skip
-    latency_row(
-        "`docker stop` → every rank signalled (ms)",
-        "sigterm_s", 1000, 0, "≤ 1 s (every run)",
-        lambda o, t: max(o) <= 1.0,
-        ("job", never(f"not every rank signalled (SIGKILL after {config.stop_timeout} s)")),
-    )  # fmt: skip
-    latency_row(
-        "`docker stop` → every container exited (s)",
-        "stop_all_exited_s", 1, 1, f"none (SIGKILL at {config.stop_timeout} s)",
-        None,
-        ("job", never("no exit time")),
-    )  # fmt: skip
-    latency_row(
-        "tiny DDP HF Trainer, steps per second",
-        "steps_per_second", 1, 2, "≥ 0.98x bare torchrun (median)",
-        lambda o, t: bool(t) and statistics.median(o) >= 0.98 * statistics.median(t),
-        ("job", never("failed")),
-    )  # fmt: skip
+    def never(what: str) -> Callable[[str, int], str]:
+        return lambda v, n: f"{what} in {n} run{'s' if n > 1 else ''}"
+
+    def median_within(factor: float) -> Callable[[list[float], list[float]], bool]:
+        return lambda o, t: bool(t) and statistics.median(o) <= factor * statistics.median(t)
+
+    def every_run_under(limit: float) -> Callable[[list[float], list[float]], bool]:
+        return lambda o, t: max(o) <= limit
+
+    # label, run key, scale, digits, goal, goal check (None: no goal), (scenario, when missing)
+    for spec in (
+        ("container start → first line of the user's script (s)", "start_s", 1, 2,
+         "≤ 1.15x bare torchrun (median)", median_within(1.15), ("job", never("no first line"))),
+        ("print → visible on the container's stdout, median line (ms)", "log_median_s", 1000, 0,
+         "≤ 1 s (every run)", every_run_under(1.0), ("job", never("no tick lines"))),
+        ("print → visible on the container's stdout, slowest line (ms)", "log_max_s", 1000, 0,
+         "≤ 1 s (every run)", every_run_under(1.0), ("job", never("no tick lines"))),
+        ("one rank fails on host 2 of 2 → every container exited (s)", "failure_s", 1, 1,
+         "≤ 15 s (every run)", every_run_under(15),
+         ("failure", never(f"still running {config.fail_cap:.0f} s after the failure"))),
+        ("`docker stop` → every rank signalled (ms)", "sigterm_s", 1000, 0,
+         "≤ 1 s (every run)", every_run_under(1.0),
+         ("job", never(f"not every rank signalled (SIGKILL after {config.stop_timeout} s)"))),
+        ("`docker stop` → every container exited (s)", "stop_all_exited_s", 1, 1,
+         f"none (SIGKILL at {config.stop_timeout} s)", None, ("job", never("no exit time"))),
+        ("tiny DDP HF Trainer, steps per second", "steps_per_second", 1, 2,
+         "≥ 0.98x bare torchrun (median)",
+         lambda o, t: bool(t) and statistics.median(o) >= 0.98 * statistics.median(t),
+         ("job", never("failed"))),
+    ):  # fmt: skip
+        latency_row(*spec)
     added = {v: sizes[v] - sizes["base"] for v in VARIANTS}
     rows.append(
         f"| image bytes added over the base | {' | '.join(f'{added[v]:,}' for v in variants)} | "
