@@ -74,6 +74,9 @@ def describe_rank(record: dict[str, Any]) -> str:
         text += f": {exception['type']}: {exception['message']}".rstrip(": ")
     elif record.get("fatal_error"):
         text += f": Fatal Python error: {record['fatal_error']}"
+    restarts = int(record.get("restart_count") or 0)
+    if restarts:  # the group was restarted and failed again: every restart is used up
+        text += f" (after {restarts} restart{'s' if restarts > 1 else ''})"
     advice = hint(record)
     return f"{text} (hint: {advice})" if advice else text
 

@@ -170,6 +170,8 @@ def main(argv: list[str]) -> int:
             "host": host,
             "rank": rank,
             "local_rank": local_rank,
+            # torchrun's count on this host; a failure with restarts > 0 used them all up
+            "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0),
             "returncode": status,
             "signal": signal.Signals(-status).name if status < 0 else None,
             "exception": parse_exception(lines),

@@ -122,6 +122,27 @@ def test_worker_fault_names_rank_cause_and_exit_code(tmp_path, fault, code, expe
     assert len((tree.output / "failure").read_text()) < 4096
 
 
+def test_failure_that_outlives_every_restart_fails_the_job_naming_the_rank(tmp_path):
+    tree = make_tree(tmp_path, script=FAULT)
+    hps = {
+        "fault": '"raise"',
+        "fault-rank": "1",
+        "steps": "20",
+        "step-seconds": "0.2",
+        "container_entry_max_restarts": "1",
+    }
+    returncode, _, err = finish(start(tree, hps), timeout=180)
+    assert returncode == 1, err[-3000:]
+    line = first_line(tree)
+    assert line.startswith(
+        "rank 1 (local 1) on algo-1: exit code 1: ValueError: planted failure at step 2 "
+        "(after 1 restart)"
+    ), line
+    log = (tree.output / "data/container-entry/logs/rank-1.log").read_text()
+    assert log.count("started rank 1") == 2  # the first attempt and the one restart
+    assert not any(alive(pid) for pid in worker_pids(tree))
+
+
 def test_sigterm_reaches_every_rank_fast_and_a_checkpoint_is_written(tmp_path):
     tree = make_tree(tmp_path, script=FAULT)
     (tree.base / "checkpoints").mkdir()

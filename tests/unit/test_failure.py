@@ -52,3 +52,8 @@ def test_describe_rank_is_one_actionable_line():
         "exception": {"type": "ValueError", "message": "planted"},
     }
     assert describe_rank(record) == "rank 3 (local 1) on algo-2: exit code 1: ValueError: planted"
+
+
+def test_describe_rank_says_the_restarts_were_used_up():
+    record = {"rank": 0, "local_rank": 0, "host": "algo-1", "returncode": 1, "restart_count": 2}
+    assert describe_rank(record) == "rank 0 (local 0) on algo-1: exit code 1 (after 2 restarts)"
