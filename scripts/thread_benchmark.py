@@ -113,12 +113,12 @@ def main() -> int:
             "",
             table,
             "",
-            "Reading it: with 2 threads against 1 the most to gain is 2x, and a model this small "
-            "spends most of a step outside the matrix kernels that OpenMP spreads, so on a "
-            "machine with few cores the difference sits near the rounds' spread. The default "
-            "matters where a worker has many cores to itself (a CPU instance running one worker, "
-            "tokenising and data loading inside the workers); measure there with this script "
-            "before drawing a figure for it.",
+            "Reading it: compare each ratio with the spread of the rounds below (this machine "
+            "drifts by a quarter within minutes). With 2 threads against 1 the most to gain is "
+            "2x; a small batch spends most of a step outside the matrix kernels that OpenMP "
+            "spreads over threads, so the gain grows with the work per step. Hosts with more "
+            "cores per worker (a CPU instance running one worker) have more to gain; run this "
+            "script there for their figure.",
             "",
             "Every round:",
             "",
