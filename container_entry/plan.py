@@ -182,15 +182,19 @@ def _rendezvous(
             "master-port": str(master_port),
             "max-restarts": "0",
         }
-    single = len(topology.hosts) == 1
-    return {
+    flags = {
         "rdzv-backend": "c10d",
         "rdzv-endpoint": f"{master_addr}:{master_port}",
         "rdzv-id": str(job_name or "container-entry"),
         "rdzv-conf": f"is_host={'true' if topology.node_rank == 0 else 'false'}",
-        "local-addr": "127.0.0.1" if single else topology.current_host,
-        "max-restarts": str(restarts),
     }
+    # the node that c10d makes rank 0 advertises this address to every worker
+    if len(topology.hosts) == 1:
+        flags["local-addr"] = "127.0.0.1"
+    elif topology.coordinated:  # a source that knows every host's real name (SageMaker)
+        flags["local-addr"] = topology.current_host
+    # else (torchrun-style env: host names unknown) torch's own default, the host's FQDN
+    return {**flags, "max-restarts": str(restarts)}
 
 
 def _int_or(value: str | None, default: int) -> int:

@@ -87,6 +87,18 @@ def test_restarts_on_one_host_rendezvous_on_loopback():
     assert flag(plan.argv, "--rdzv-id") == "container-entry"
 
 
+def test_restarts_in_a_torchrun_style_cluster_leave_the_advertised_address_to_torch():
+    environ = {
+        "PET_NNODES": "2",
+        "PET_NODE_RANK": "1",
+        "PET_MASTER_ADDR": "job-master-0",
+        "PET_MAX_RESTARTS": "1",
+    }
+    plan = build_plan(make_env(resource_config=None, environ=environ, cli_args=("t.py",)))
+    assert flag(plan.argv, "--rdzv-conf") == "is_host=false"
+    assert "--local-addr" not in plan.argv  # its host names are placeholders, not addresses
+
+
 def test_pet_values_are_what_the_plan_reports():
     environ = {"SAGEMAKER_PROGRAM": "t.py", "PET_NPROC_PER_NODE": "2", "PET_MASTER_PORT": "4242"}
     plan = build_plan(make_env(environ=environ))
