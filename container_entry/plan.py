@@ -173,7 +173,8 @@ def _rendezvous(
     c10d's rendezvous, with its store not shared with the workers (the plan sets
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE), gives every attempt a fresh store. Node rank 0
     hosts the rendezvous store (said outright: resolving the master's name is no proof of being
-    it), and each host advertises its own name so the workers' store is reached across hosts.
+    it); where the host names are real, each host advertises its own, so whichever node c10d
+    makes rank 0 is reached by every worker.
     """
     if restarts == 0:
         return {

@@ -11,6 +11,7 @@ The bootstrap exports the directory as SM_CHECKPOINT_DIR.
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -25,6 +26,8 @@ from transformers import (
     TrainerCallback,
     TrainingArguments,
 )
+
+WEIGHTS = "model.safetensors"  # what the Trainer resumes the model from
 
 
 class SlowSteps(TrainerCallback):
@@ -48,7 +51,7 @@ class WeightsOnEveryNode(TrainerCallback):
         if args.local_process_index != 0 or args.process_index == 0 or model is None:
             return
         directory = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        target = os.path.join(directory, "model.safetensors")
+        target = os.path.join(directory, WEIGHTS)
         if os.path.isdir(directory) and not os.path.exists(target):
             save_model(model, target + ".tmp")
             os.replace(target + ".tmp", target)
@@ -57,22 +60,11 @@ class WeightsOnEveryNode(TrainerCallback):
 def newest_complete_checkpoint(root):
     """The newest checkpoint-N holding both weights and trainer state; a job killed in the
     middle of a save leaves a partial directory that must not be resumed from."""
-    if not os.path.isdir(root):
-        return None
-    steps = sorted(
-        (
-            int(name.split("-", 1)[1])
-            for name in os.listdir(root)
-            if name.startswith("checkpoint-") and name.split("-", 1)[1].isdigit()
-        ),
-        reverse=True,
-    )
-    for step in steps:
-        path = os.path.join(root, f"checkpoint-{step}")
-        if all(
-            os.path.isfile(os.path.join(path, f))
-            for f in ("model.safetensors", "trainer_state.json")
-        ):
+    names = os.listdir(root) if os.path.isdir(root) else []
+    found = [m for m in (re.fullmatch(r"checkpoint-(\d+)", n) for n in names) if m]
+    for match in sorted(found, key=lambda m: int(m.group(1)), reverse=True):
+        path = os.path.join(root, match.group(0))
+        if all(os.path.isfile(os.path.join(path, f)) for f in (WEIGHTS, "trainer_state.json")):
             return path
     return None
 

@@ -98,6 +98,7 @@ def main() -> int:
             f"| {batch} | {threads['ours']} | {ours:.2f} | {bare:.2f} | {ours / bare:.2f}x |"
         )
     table = "\n".join(rows)
+    n = threads["ours"].split()[0]  # the bootstrap's OMP_NUM_THREADS
     print(table)
     if args.no_write:
         return 0
@@ -114,10 +115,10 @@ def main() -> int:
             table,
             "",
             "Reading it: compare each ratio with the spread of the rounds below (this machine "
-            "drifts by a quarter within minutes). With 2 threads against 1 the most to gain is "
-            "2x; a small batch spends most of a step outside the matrix kernels that OpenMP "
-            "spreads over threads, so the gain grows with the work per step. Hosts with more "
-            "cores per worker (a CPU instance running one worker) have more to gain; run this "
+            f"drifts by a quarter within minutes). With {n} threads against 1 the most to gain "
+            f"is {n}x; a small batch spends most of a step outside the matrix kernels that "
+            "OpenMP spreads over threads, so the gain grows with the work per step. Hosts with "
+            "more cores per worker (a CPU instance running one worker) have more to gain; run this "
             "script there for their figure.",
             "",
             "Every round:",
