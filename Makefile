@@ -44,9 +44,9 @@ help: ## list targets and variables
 	@echo "  login/push for ECR go there instead; tests), RELEASE_BRANCH (buildspec, main)"
 
 venv: $(VENV)/.done ## create .venv with the pinned dev/test dependencies
-$(VENV)/.done: requirements/dev.txt pyproject.toml
+$(VENV)/.done: requirements/dev.txt pyproject.toml scripts/wheel_backend.py
 	python3 -m venv $(VENV)
-	$(PYTHON) -m pip install -q --disable-pip-version-check -r requirements/dev.txt
+	PIP_CONSTRAINT=/dev/null $(PYTHON) -m pip install -q --disable-pip-version-check -r requirements/dev.txt
 	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
@@ -63,7 +63,7 @@ docker: ## make sure a docker engine runs (installs and starts one as root if ne
 demo: docker venv standin ## build stand-in + image, run a 2-host x 2-worker CPU HF Trainer job
 	$(MAKE) build BASE_IMAGE=$(STANDIN) IMAGE=$(DEMO_IMAGE)
 	$(PYTHON) examples/hf_trainer_tiny.py --write-data build/demo-data
-	$(PYTHON) scripts/local_cluster.py --image $(DEMO_IMAGE) --hosts 2 --workers-per-host 2 \
+	$(PYTHON) -m scripts.local_cluster --image $(DEMO_IMAGE) --hosts 2 --workers-per-host 2 \
 		--script examples/hf_trainer_tiny.py --data build/demo-data/data.jsonl \
 		--hp epochs=3 --hp learning-rate=0.005
 
@@ -90,11 +90,11 @@ push: export PUSH_REVISION = $(REVISION)
 push: export PUSH_MOVING_TAG = $(MOVING_TAG)
 
 login-base: venv ## docker login to BASE_IMAGE's ECR registry when it is not on this machine
-	$(PYTHON) scripts/push.py login-base --base-image "$$PUSH_BASE_IMAGE"
+	$(PYTHON) -m scripts.push login-base --base-image "$$PUSH_BASE_IMAGE"
 
 push: login-base ## build, tag VERSION, REVISION, MOVING_TAG, push to ECR (or REGISTRY); prints URI@digest
 	$(MAKE) --no-print-directory build
-	$(PYTHON) scripts/push.py push --image "$$PUSH_IMAGE" --registry "$$PUSH_REGISTRY" \
+	$(PYTHON) -m scripts.push push --image "$$PUSH_IMAGE" --registry "$$PUSH_REGISTRY" \
 		--repository "$$PUSH_REPOSITORY" --version "$$PUSH_VERSION" --revision "$$PUSH_REVISION" \
 		--moving-tag "$$PUSH_MOVING_TAG" --uri-file build/image-uri.txt
 
@@ -103,16 +103,20 @@ run: export RUN_SCRIPT = $(SCRIPT)
 run: export RUN_ARGS = $(ARGS)
 run: export RUN_GPUS = $(GPUS)
 run: ## docker run --gpus GPUS IMAGE on SCRIPT ARGS (current dir mounted at /opt/ml/code)
-	python3 scripts/run_local.py
+	python3 -m scripts.run_local
 
 .PHONY: bench
 bench: venv standin ## ours vs bare torchrun vs the DLC launcher, 3 rounds (~10 min on 2 cores; ARGS=--quick: 1 round) -> docs/benchmarks.md
 	$(MAKE) --no-print-directory build BASE_IMAGE=$(STANDIN) IMAGE=container-entry:bench
-	$(PYTHON) scripts/benchmark.py --image container-entry:bench --base $(STANDIN) $(ARGS)
+	$(PYTHON) -m scripts.bench --image container-entry:bench --base $(STANDIN) $(ARGS)
+
+.PHONY: bench-relay
+bench-relay: venv ## log-heavy DDP loop steps/s: ours vs bare torchrun, 10 rounds (~20 min on 2 cores) -> docs/benchmarks.md
+	$(PYTHON) scripts/relay_benchmark.py $(ARGS)
 
 .PHONY: bench-threads
 bench-threads: venv ## CPU HF Trainer steps/s: OMP_NUM_THREADS default vs torchrun's 1 (~5 min) -> docs/thread-benchmark.md
-	$(PYTHON) scripts/thread_benchmark.py $(ARGS)
+	$(PYTHON) -m scripts.thread_benchmark $(ARGS)
 
 clean: ## remove build outputs and the venv (images are kept)
 	rm -rf build dist *.egg-info $(VENV) .pytest_cache .ruff_cache

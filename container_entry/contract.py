@@ -11,17 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from container_entry.cluster import Topology
+from container_entry.hyperparameters import reserved_keys
 
-# sagemaker_* keys the bootstrap itself understands; the rest are passed on as framework params
-KNOWN_SAGEMAKER_KEYS = frozenset(
-    {
-        "sagemaker_program",
-        "sagemaker_submit_directory",
-        "sagemaker_region",
-        "sagemaker_job_name",
-        "sagemaker_container_log_level",
-    }
-)
+LOG_LEVEL_KEY = "sagemaker_container_log_level"
+DEFAULT_LOG_LEVEL = 20  # logging.INFO, sagemaker-training's default
 
 
 def sm_env(
@@ -52,8 +45,9 @@ def sm_env(
         "network_interface_name": topology.network_interface or "eth0",
         "hps": dict(user_hyperparameters),
         "user_entry_point": program,
+        # sagemaker_* keys that sagemaker-training does not consume itself
         "framework_params": {
-            k: v for k, v in sagemaker_hyperparameters.items() if k not in KNOWN_SAGEMAKER_KEYS
+            k: v for k, v in sagemaker_hyperparameters.items() if k not in reserved_keys()
         },
         "resource_config": dict(resource_config),
         "input_data_config": dict(input_data_config),
@@ -69,7 +63,7 @@ def sm_env(
         or ["homogeneousCluster"],
         "is_hetero": len(topology.instance_groups) > 1,
         "module_name": program[:-3] if program.endswith(".py") else program,
-        "log_level": 20,
+        "log_level": sagemaker_hyperparameters.get(LOG_LEVEL_KEY, DEFAULT_LOG_LEVEL),
         "framework_module": environ.get("SAGEMAKER_TRAINING_MODULE"),
         "input_dir": str(base_dir / "input"),
         "input_config_dir": str(base_dir / "input" / "config"),

@@ -1,5 +1,9 @@
 """Errors the bootstrap reports to the user as one line, a failure file and an exit code."""
 
+import signal
+
+STOPPED_EXIT_CODE = 128 + signal.SIGTERM  # 143: the shell's code for a SIGTERM'd process
+
 
 class BootstrapError(Exception):
     """A problem the user can fix (bad input, missing script...): reported in one line.
@@ -20,6 +24,18 @@ class CodeError(BootstrapError):
 
 
 class NetworkError(BootstrapError):
-    """A peer host never became reachable."""
+    """A peer host never became reachable, never joined, or a port is taken."""
 
     exit_code = 3
+
+
+class DeviceError(BootstrapError):
+    """This host's GPUs are not usable as counted (driver, runtime, visibility)."""
+
+    exit_code = 4
+
+
+class StopRequested(BootstrapError):
+    """SIGTERM/SIGINT/SIGHUP before the workers started: exit as a stopped job."""
+
+    exit_code = STOPPED_EXIT_CODE

@@ -4,20 +4,44 @@ verdict: one first line a user acts on, an exit code with meaning, full details 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from container_entry.environment import read_shm_bytes
+from container_entry.errors import STOPPED_EXIT_CODE
+from container_entry.hang import HUNG_EXIT_CODE
 from container_entry.logs import log, redact
+from container_entry.plan import run_dir
+from container_entry.records import RankRecord
+from container_entry.worker_defaults import SHM_MIN_BYTES
 
-if TYPE_CHECKING:  # launch's Run is only read here; no import cycle at run time
-    from container_entry.launch import Run
+INTERNAL_EXIT_CODE = 70  # EX_SOFTWARE: a defect of the bootstrap itself, never the user's
+# torchrun's argparse: "run.py: error: unrecognized arguments: --x" (usage lines before it)
+_USAGE_ERROR = re.compile(r"^(?:\S*run\.py|torchrun|\S+): error: (.+)$")
 
-# SageMaker shows this many characters of the failure file as the job's FailureReason.
-FAILURE_REASON_LIMIT = 1024
-STOPPED_EXIT_CODE = 128 + signal.SIGTERM  # 143
+
+@dataclass
+class Observed:
+    """What the monitor saw; `verdict` turns it into an exit code and a failure text."""
+
+    torch_version: str | None = None
+    returncode: int | None = None  # torchrun's
+    results: dict[int, RankRecord] = field(default_factory=dict)
+    launched: set[int] = field(default_factory=set)  # ranks whose script was started
+    first_failure: RankRecord | None = None  # a local rank that failed on its own
+    remote_failure: RankRecord | None = None  # relayed from another host
+    hung: RankRecord | None = None  # the hang watchdog's verdict, this host's or the master's
+    lost_master: str | None = None  # the master's bootstrap went away
+    stop_signal: str | None = None
+    stop_at: float | None = None
+    torchrun_tail: list[str] = field(default_factory=list)
+    forced_kill: bool = False
+    grace: float = 0.0  # the grace period that a forced kill ended
+    restarts: int = 0  # torchrun's --max-restarts for this launch
 
 
 def describe_exit(code: int) -> str:
@@ -35,54 +59,155 @@ def container_exit_code(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def hint(record: dict[str, Any]) -> str | None:
-    """What the user should look at, where the symptom says it."""
-    code = record.get("returncode") or 0
-    text = " ".join(
-        str(part)
+_SHM = (
+    "shared memory (/dev/shm) too small: run the container with --shm-size=1g (or more) or "
+    "--ipc=host"
+)
+_WATCHDOG = (
+    "Watchdog caught collective operation timeout",
+    "collective operation timeout",
+    "watchdog got stuck",
+    "Heartbeat monitor timed out",
+    "ProcessGroupNCCL's watchdog",
+    "NCCL timeout",
+)
+_SHM_SIGNS = (
+    "failed to extend /dev/shm",  # NCCL's shm transport
+    "Error while creating shared memory segment",  # NCCL
+    "unable to write to file </torch_",  # torch's shared tensors (DataLoader)
+    "insufficient shared memory (shm)",  # DataLoader worker died of SIGBUS
+    "out of shared memory",
+    "Bus error",
+)
+_UNNAMED_ENOSPC = re.compile(r"No space left on device(?!: ['\"/])")
+
+
+def shm_is_small(path: str = "/dev/shm") -> bool:
+    """This container's /dev/shm is below the size the plan warns about (docker's 64 MiB)."""
+    size = read_shm_bytes(path)
+    return size is not None and size < SHM_MIN_BYTES
+
+
+# (matches(text, exit code), advice), most specific first: a signature in what the rank printed
+# wins over what its exit code alone suggests (a watchdog timeout ends in SIGABRT).
+_HINTS = (
+    (
+        lambda text, code: "CUDA out of memory" in text or "OutOfMemoryError" in text,
+        "GPU out of memory: lower the per-device batch size",
+    ),
+    (
+        lambda text, code: (
+            any(sign in text for sign in _SHM_SIGNS)
+            or ("No space left on device" in text and "/dev/shm" in text)
+            # a write to an open file names no path: blame /dev/shm when it is docker-small
+            or (_UNNAMED_ENOSPC.search(text) is not None and shm_is_small())
+            or code in (-7, 135)  # SIGBUS: a page of a full /dev/shm file
+        ),
+        _SHM,
+    ),
+    (
+        lambda text, code: any(sign in text for sign in _WATCHDOG),
+        "a collective timed out: a peer rank hung or died",
+    ),
+    (
+        lambda text, code: code in (-9, 137),
+        "killed by SIGKILL: likely out of host memory (OOM killer), or killed externally",
+    ),
+    (
+        lambda text, code: code in (-11, 139) or "Segmentation fault" in text,
+        "crashed in native code (segfault): see the rank's log for the Python stacks",
+    ),
+    (
+        lambda text, code: code in (-6, 134),
+        "aborted (SIGABRT): often a failed assertion in native code",
+    ),
+)
+_LOG_TAIL_BYTES = 256 * 1024  # of the rank's log, where signatures sit above long stacks
+
+
+def _log_tail(path: str | None) -> str:
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, 2)
+            handle.seek(max(0, handle.tell() - _LOG_TAIL_BYTES))
+            return handle.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def hint(record: RankRecord) -> str | None:
+    """What the user should look at, where a known symptom appears anywhere in what was kept:
+    the exception, faulthandler's line, the stderr tail and the tail of the rank's log (a NCCL
+    timeout line sits above C++ frames and every thread's stack, beyond the stderr tail)."""
+    text = "\n".join(
+        part
         for part in (
-            (record.get("exception") or {}).get("message"),
-            record.get("fatal_error"),
-            *(record.get("stderr_tail") or [])[-10:],
+            (record.exception or {}).get("message"),
+            record.fatal_error,
+            *record.stderr_tail,
+            _log_tail(record.log),
         )
         if part
     )
-    if "Watchdog caught collective operation timeout" in text or (
-        "NCCL" in text and "timeout" in text.lower()
-    ):
-        return "a collective timed out: a peer rank hung or died"
-    if code in (-9, 137):
-        return "killed by SIGKILL: likely out of host memory (OOM killer), or killed externally"
-    if code in (-11, 139) or "Segmentation fault" in text:
-        return "crashed in native code (segfault): see the rank's log for the Python stacks"
-    if "CUDA out of memory" in text or "OutOfMemoryError" in text:
-        return "GPU out of memory: lower the per-device batch size"
-    if code in (-6, 134):
-        return "aborted (SIGABRT): often a failed assertion in native code"
+    for matches, advice in _HINTS:
+        if matches(text, record.returncode):
+            return advice
     return None
 
 
-def describe_rank(record: dict[str, Any]) -> str:
+# Failures that a restart reproduces exactly: the code cannot be compiled, imported or executed,
+# or its command line is refused (argparse exits 2). With MAX_RESTARTS > 0 they fail the job at
+# once instead of using up every restart; anything else (signals, OOM, NCCL errors, exceptions
+# during training) is restarted.
+_PERMANENT_TYPES = ("SyntaxError", "IndentationError", "TabError", "ImportError")
+_PERMANENT_TYPES += ("ModuleNotFoundError", "ExecError")
+
+
+def permanent(record: RankRecord) -> str | None:
+    """Why restarting would not help, or None."""
+    kind = (record.exception or {}).get("type", "")
+    if kind.rsplit(".", 1)[-1] in _PERMANENT_TYPES:
+        return f"a {kind.rsplit('.', 1)[-1]} fails the same way on every restart"
+    if record.returncode == 2 and not record.exception:
+        return "exit code 2 (a usage error) fails the same way on every restart"
+    return None
+
+
+def _names_host(text: str, host: str) -> bool:
+    """Whether `text` already names `host` as a word (algo-1 is not named by algo-10)."""
+    return re.search(rf"(?<![\w.-]){re.escape(host)}(?![\w-])", text) is not None
+
+
+def describe_rank(record: RankRecord, restarts_allowed: bool = False) -> str:
     """'rank 3 (local 1) on algo-2: exit code 1: ValueError: planted'."""
-    code = int(record.get("returncode") or 0)
+    if record.rank is None:  # no rank's failure: the bootstrap's own, or a host that vanished
+        what = record.what or describe_exit(record.returncode)
+        if record.host is None or _names_host(what, record.host):
+            return what  # it says in its own words which host
+        return f"{record.host}: {what}"
     text = (
-        f"rank {record.get('rank')} (local {record.get('local_rank')}) on "
-        f"{record.get('host')}: {describe_exit(code)}"
+        f"rank {record.rank} (local {record.local_rank}) on {record.host}: "
+        f"{describe_exit(record.returncode)}"
     )
-    exception = record.get("exception")
-    if exception:
-        text += f": {exception['type']}: {exception['message']}".rstrip(": ")
-    elif record.get("fatal_error"):
-        text += f": Fatal Python error: {record['fatal_error']}"
-    restarts = int(record.get("restart_count") or 0)
-    if restarts:  # the group was restarted and failed again: every restart is used up
-        text += f" (after {restarts} restart{'s' if restarts > 1 else ''})"
+    if record.exception:
+        text += f": {record.exception['type']}: {record.exception['message']}".rstrip(": ")
+    elif record.fatal_error:
+        text += f": Fatal Python error: {record.fatal_error}"
+    elif record.last_words:
+        text += f": {record.last_words}"
+    if record.restart_count:  # the group was restarted and failed again: restarts used up
+        count = record.restart_count
+        text += f" (after {count} restart{'s' if count > 1 else ''})"
+    if restarts_allowed and permanent(record):
+        text += f" (not restarted: {permanent(record)})"
     advice = hint(record)
     return f"{text} (hint: {advice})" if advice else text
 
 
-def _frames(block: str) -> list[str]:
-    """'file.py:LINE in func' for each frame of a faulthandler thread block, innermost first."""
+def _frames(block: str) -> list[tuple[str, str]]:
+    """(path, 'file.py:LINE in func') per frame of a faulthandler thread block, innermost first."""
     frames = []
     for line in block.splitlines():
         line = line.strip()
@@ -90,7 +215,7 @@ def _frames(block: str) -> list[str]:
             # File "/opt/ml/code/train.py", line 73 in <module>
             path, _, rest = line[len('File "') :].partition('", line ')
             frames.append((path, f"{path.rsplit('/', 1)[-1]}:{rest}"))
-    return [f"{path}\0{text}" for path, text in frames]
+    return frames
 
 
 def where(stacks: str) -> str | None:
@@ -99,7 +224,7 @@ def where(stacks: str) -> str | None:
     blocks = [b for b in stacks.strip().split("\n\n") if b.strip()]
     if not blocks:
         return None
-    frames = [f.split("\0") for f in _frames(blocks[-1])]
+    frames = _frames(blocks[-1])
     if not frames:
         return None
     library = ("site-packages", "dist-packages", "/lib/python", "<frozen")
@@ -131,52 +256,96 @@ class Verdict:
     details: list[str]
 
 
-def verdict(run: Run, host: str, run_dir: Path) -> Verdict:
+def _finished_before_stop(run: Observed) -> bool:
+    """Every rank had already exited 0 when the stop came (SDK local mode stops the other
+    containers as soon as one exits; torchrun may still sit at its exit barrier): a success."""
+    ranks = [run.results.get(rank) for rank in run.launched]
+    return bool(ranks) and all(
+        r is not None
+        and not r.failed
+        and r.ended_at is not None
+        and r.ended_at <= (run.stop_at or 0)
+        for r in ranks
+    )
+
+
+def _stopped(run: Observed, host: str) -> str:
+    exited = [r for r in run.results.values() if r.ended_at and run.stop_at]
+    slowest = max((max(0.0, r.ended_at - run.stop_at) for r in exited if r.ended_at), default=0.0)
+    text = (
+        f"job stopped by {run.stop_signal} on {host} (StopTrainingJob, Spot interruption or "
+        f"docker stop): {len(exited)} of {len(run.launched) or len(exited)} local ranks "
+        f"exited within {slowest:.1f} s"
+    )
+    killed = sorted(run.launched - set(run.results))
+    if killed:
+        ranks = ", ".join(map(str, killed))
+        text += (
+            f"; rank{'s' if len(killed) > 1 else ''} {ranks} did not exit within the "
+            f"{run.grace:g} s grace period and {'were' if len(killed) > 1 else 'was'} killed"
+        )
+    elif run.forced_kill:
+        text += f"; the {run.grace:g} s grace period ran out and the rest was killed"
+    return text
+
+
+def _torchrun_failed(run: Observed, host: str) -> tuple[int, str]:
+    """torchrun itself failed before any rank reported: our defect when it rejected the
+    command line we built, the tail of what it printed otherwise."""
+    assert run.returncode is not None
+    for line in reversed(run.torchrun_tail):
+        match = _USAGE_ERROR.match(line.strip())
+        if match:
+            return INTERNAL_EXIT_CODE, (
+                f"internal error: torchrun (torch {run.torch_version or 'unknown'}) on {host} "
+                f"rejected the command line container-entry built: {match.group(1)}"
+            )
+    # argparse's usage block is noise; torch's own C++ lines ("[E... [c10d] ...") are not
+    useful = [
+        line.strip()
+        for line in run.torchrun_tail
+        if line.strip() and not line.lstrip().startswith(("usage:", "[-"))
+    ]
+    tail = " | ".join(useful[-3:])
+    return container_exit_code(run.returncode), (
+        f"torchrun on {host} failed with {describe_exit(run.returncode)} before any rank "
+        f"reported: {tail or 'no output'}"
+    )
+
+
+def verdict(run: Observed, host: str, run_dir: Path) -> Verdict:
     """From what the supervisor saw to an exit code and a failure text."""
     logs = f"per-rank logs and records: {run_dir}"
-    failed = sorted(
-        (r for r in run.results.values() if r.get("returncode")), key=lambda r: r["rank"]
-    )
+    failed = sorted((r for r in run.results.values() if r.failed), key=lambda r: r.rank or 0)
     details = [f"  {describe_rank(r)}" for r in failed] + stack_lines(run_dir) + [logs]
-    if run.stop_signal:
-        exited = [r for r in run.results.values() if r.get("ended_at") and run.stop_at]
-        slowest = max((r["ended_at"] - run.stop_at for r in exited), default=0.0)
-        forced = " ; grace period exceeded, the rest was killed" if run.forced_kill else ""
-        return Verdict(
-            STOPPED_EXIT_CODE,
-            f"job stopped by {run.stop_signal} on {host} (StopTrainingJob, Spot interruption or "
-            f"docker stop): {len(exited)} local ranks exited within {slowest:.1f} s{forced}",
-            details,
-        )
+    if run.stop_signal and not _finished_before_stop(run):
+        return Verdict(STOPPED_EXIT_CODE, _stopped(run, host), details)
+    if run.hung is not None:  # first line exactly the verdict; then where each rank was
+        return Verdict(HUNG_EXIT_CODE, run.hung.what or "hung", [*stack_lines(run_dir), logs])
     if run.first_failure:
         first = run.first_failure
         return Verdict(
-            container_exit_code(int(first["returncode"])),
-            f"{describe_rank(first)} [first failure, seen on {host}]",
+            container_exit_code(first.returncode),
+            f"{describe_rank(first, run.restarts > 0)} [first failure, seen on {host}]",
+            details,
+        )
+    if run.lost_master is not None:
+        return Verdict(
+            1,
+            f"lost contact with the master host {run.lost_master} "
+            f"(its bootstrap exited or the host died); {host} stopped",
             details,
         )
     if run.remote_failure is not None:
         remote = run.remote_failure
-        if "lost_master" in remote:
-            return Verdict(
-                1,
-                f"lost contact with the master host {remote['lost_master']} "
-                f"(its bootstrap exited or the host died); {host} stopped",
-                details,
-            )
         return Verdict(
-            container_exit_code(int(remote.get("returncode") or 1)),
+            container_exit_code(remote.returncode or 1),
             f"{describe_rank(remote)} [first failure; {host} stopped because of it]",
             details,
         )
     if run.returncode:
-        tail = " | ".join(line.strip() for line in run.torchrun_tail[-3:] if line.strip())
-        return Verdict(
-            container_exit_code(run.returncode),
-            f"torchrun on {host} failed with {describe_exit(run.returncode)} before "
-            f"any rank reported: {tail or 'no output'}",
-            details,
-        )
+        code, reason = _torchrun_failed(run, host)
+        return Verdict(code, reason, details)
     return Verdict(0, "", [])
 
 
@@ -185,21 +354,26 @@ class Outcome:
 
     def __init__(self, base_dir: Path) -> None:
         self.output = base_dir / "output"
+        self.record_path = run_dir(base_dir) / "failure.json"
         self.started = time.time()
+        self.written = False
 
-    def _write(self, name: str, text: str) -> None:
+    def _write(self, name: str | Path, text: str) -> None:
         try:
-            self.output.mkdir(parents=True, exist_ok=True)
-            (self.output / name).write_text(text, encoding="utf-8")
+            path = self.output / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(redact(text), encoding="utf-8")
         except OSError as error:
             log(f"cannot write {self.output / name}: {error.strerror}")
 
     def success(self) -> None:
         self._write("success", "")
+        self.written = True
 
     def failure(
         self, reason: str, details: list[str] | None = None, record: dict[str, Any] | None = None
     ) -> None:
+        self.written = True
         path = self.output / "failure"
         try:
             if path.stat().st_mtime >= self.started:
@@ -208,6 +382,6 @@ class Outcome:
         except OSError:
             pass
         text = "\n".join([reason, *(details or [])])
-        self._write("failure", redact(text).rstrip("\n") + "\n")
+        self._write("failure", text.rstrip("\n") + "\n")
         if record is not None:
-            self._write("data/container-entry/failure.json", json.dumps(record, indent=1))
+            self._write(self.record_path.relative_to(self.output), json.dumps(record, indent=1))

@@ -3,54 +3,76 @@
 launch -> monitor -> teardown -> verdict. The monitor watches four things: torchrun's exit, the
 per-rank result records the worker wrappers write, aborts relayed from other hosts, and stop
 signals. Whatever ends the job, every worker process group is gone when this returns.
+
+Stop grace: where torchrun has `--shutdown-timeout` the plan passes our grace period and the
+stop signal goes to torchrun, which signals each worker group once. Older torchrun kills the
+workers 30 s after its own SIGTERM, less than the 100 s a checkpoint may need (SageMaker kills at
+120 s), so there the bootstrap freezes torchrun (SIGSTOP: it can neither kill nor restart the
+workers), signals every worker group itself, waits for the ranks up to the grace period, then
+lets torchrun go with a SIGTERM.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import shutil
 import signal
+import stat
 import subprocess
+import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from container_entry.coordination import Member
+from container_entry.failure import Observed, permanent
+from container_entry.hang import (
+    HUNG_EXIT_CODE,
+    NCCL_PIPE_ENV,
+    PROGRESS_ENV,
+    Activity,
+    hung_text,
+    is_hang,
+    request_nccl_dumps,
+)
 from container_entry.logs import log
 from container_entry.plan import Plan
 from container_entry.preflight import EXPECTED_GPUS_ENV
-from container_entry.worker import CONSOLE_ENV, RUN_DIR_ENV
+from container_entry.records import RankRecord, read_json
+from container_entry.stopping import Stop
+from container_entry.worker import CONTROL_ENV, write_all
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 POLL_SECONDS = 0.1
+NCCL_DUMP_SECONDS = 3.0
+CONTROL_ROOT = Path(tempfile.gettempdir()) / "container-entry"
 
 
-@dataclass
-class Run:
-    """What the monitor saw; failure.verdict turns it into an exit code and a failure text."""
-
-    returncode: int | None = None  # torchrun's
-    results: dict[int, dict[str, Any]] = field(default_factory=dict)
-    first_failure: dict[str, Any] | None = None  # a local rank that failed on its own
-    remote_failure: dict[str, Any] | None = None  # relayed from another host
-    stop_signal: str | None = None
-    stop_at: float | None = None
-    torchrun_tail: list[str] = field(default_factory=list)
-    forced_kill: bool = False
+def control_dir(name: str) -> Path:
+    """A private folder per launch for what must not be uploaded with output/data: the
+    script's command line (it holds the hyperparameters, secrets included) and the workers'
+    process ids. `<tmp>/container-entry/<bootstrap pid>-<name>`, so tools in the container
+    (and tests) find a live job's workers."""
+    CONTROL_ROOT.mkdir(mode=0o700, parents=True, exist_ok=True)
+    path = CONTROL_ROOT / f"{os.getpid()}-{name}"
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(mode=0o700)
+    return path
 
 
-def child_environment(plan: Plan, environ: Mapping[str, str], run_dir: Path) -> dict[str, str]:
+TORCHRUN_EXIT_SECONDS = 10.0  # after the ranks are gone, for torchrun to finish
+
+
+def child_environment(plan: Plan, environ: Mapping[str, str], control: Path) -> dict[str, str]:
     """The user's environment plus the plan's additions (which never overwrite user values)."""
     env = dict(environ)
     for name, var in plan.env.items():
         env.setdefault(name, var.value)
-    env[RUN_DIR_ENV] = str(run_dir)
-    env[CONSOLE_ENV] = str(plan.settings.get("console_ranks", "all"))
+    env[CONTROL_ENV] = str(control)
     env[EXPECTED_GPUS_ENV] = str(plan.num_gpus)  # read by the preflight only
     return env
 
@@ -58,181 +80,331 @@ def child_environment(plan: Plan, environ: Mapping[str, str], run_dir: Path) -> 
 def prepare_run_dir(run_dir: Path) -> None:
     """Our own records only: remove a previous run's rank files in this tree, nothing else."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    for pattern in ("rank-*.json", "rank-*.pid", "rank-*.tmp", "logs/rank-*.log"):
+    for pattern in ("rank-*.json", "logs/rank-*.log", "stacks/rank-*.txt"):
         for stale in run_dir.glob(pattern):
             stale.unlink(missing_ok=True)
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+def tidy_run_dir(run_dir: Path) -> None:
+    """Keep only what helps a user (SageMaker uploads output/data): no empty stack files."""
+    for path in run_dir.glob("stacks/rank-*.txt"):
+        with contextlib.suppress(OSError):
+            if path.stat().st_size == 0:
+                path.unlink()
+    with contextlib.suppress(OSError):
+        (run_dir / "stacks").rmdir()  # only when empty
 
 
-def _worker_groups(run_dir: Path) -> list[int]:
-    groups = []
-    for path in run_dir.glob("rank-*.pid"):
-        record = _read_json(path)
-        if record:
-            groups.append(int(record["wrapper"]))
-    return groups
+class Workers:
+    """The worker processes this host's torchrun started, as their wrappers announced them
+    (`<control>/rank-N.pid`); each wrapper and its script share one process group."""
 
+    def __init__(self, control: Path) -> None:
+        self.control = control
+        self.known: dict[int, dict[str, int]] = {}
 
-def kill_workers(run_dir: Path, sig: signal.Signals) -> None:
-    """Signal every worker's process group (wrapper and script share one)."""
-    for group in _worker_groups(run_dir):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(group, sig)
+    def refresh(self) -> dict[int, dict[str, int]]:
+        for path in self.control.glob("rank-*.pid"):
+            record = read_json(path)
+            if record and record.get("rank") is not None:
+                self.known[int(record["rank"])] = record
+        return self.known
 
+    def signal(self, sig: signal.Signals, ranks: Sequence[int] | None = None) -> None:
+        for rank, record in self.refresh().items():
+            if ranks is None or rank in ranks:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(int(record["wrapper"]), sig)
 
-def capture_stacks(run_dir: Path, wait: float = 0.5) -> None:
-    """Ask every live rank to write all its threads' Python stacks (faulthandler on SIGUSR2,
-    registered by _site/sitecustomize.py) before it is torn down."""
-    asked = False
-    for path in run_dir.glob("rank-*.pid"):
-        record = _read_json(path)
-        if record:
+    def capture_stacks(self, wait: float = 0.5) -> None:
+        """Ask every live rank to write all its threads' Python stacks (faulthandler on SIGUSR2,
+        registered by _site/sitecustomize.py) before it is torn down."""
+        asked = False
+        for record in self.refresh().values():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(int(record["child"]), signal.SIGUSR2)
                 asked = True
-    if asked:
-        time.sleep(wait)
+        if asked:
+            time.sleep(wait)
 
 
-def _pump_stderr(process: subprocess.Popen, tail: deque[str]) -> None:
-    """torchrun's stderr (its own lines and the workers') goes on to ours at once; the lines
-    that are torchrun's own are kept for the failure report."""
-    assert process.stderr is not None
-    for raw in iter(process.stderr.readline, b""):
-        line = raw.decode("utf-8", errors="replace")
-        os.write(2, raw)
-        if not line.startswith("["):
-            tail.append(line.rstrip("\n"))
+class TorchrunOutput:
+    """torchrun's stderr: its own lines, and whatever else its workers write to the stderr
+    they inherit. The workers' relayed lines do not come this way: each worker writes them
+    straight to our own stderr (`worker_stderr`), so they take no second hop through this
+    pump; only where that cannot be opened do they arrive here, tagged with this host's
+    prefix, and go on to our stderr at once. torchrun's own lines are kept for the failure
+    report and shown too, except once the bootstrap is tearing the job down: then they are
+    only torchrun acknowledging our own signal (a SignalException traceback)."""
+
+    def __init__(self, own_prefix: bytes) -> None:
+        self.own = own_prefix
+        self.tail: deque[str] = deque(maxlen=40)
+        self.quiet = False  # set by the monitor when it starts a teardown
+
+    @staticmethod
+    def worker_stderr() -> str | None:
+        """Our stderr as the workers can open it: `/proc/<pid>/fd/2` when it is a pipe (docker),
+        a terminal or a regular file; None for anything else (a socket cannot be reopened: the
+        workers then write to torchrun's stderr and this pump forwards their lines). A regular
+        file is put in append mode first, so our writes and theirs never overwrite each other."""
+        try:
+            mode = os.fstat(2).st_mode
+            if stat.S_ISREG(mode):
+                fcntl.fcntl(2, fcntl.F_SETFL, fcntl.fcntl(2, fcntl.F_GETFL) | os.O_APPEND)
+            elif not (stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
+                return None
+        except OSError:
+            return None
+        return f"/proc/{os.getpid()}/fd/2"
+
+    def pump(self, process: subprocess.Popen) -> None:
+        assert process.stderr is not None
+        fd = process.stderr.fileno()
+        pending = b""
+        while chunk := os.read(fd, 65536):
+            lines = (pending + chunk).split(b"\n")
+            pending = lines.pop()
+            shown = [line for line in lines if line.startswith(self.own) or not self.quiet]
+            if shown:
+                with contextlib.suppress(BrokenPipeError):
+                    write_all(2, b"\n".join(shown) + b"\n")
+            self.tail.extend(
+                line.decode("utf-8", "replace") for line in lines if not line.startswith(self.own)
+            )
+        if pending:
+            with contextlib.suppress(BrokenPipeError):
+                write_all(2, pending + b"\n")
+            if not pending.startswith(self.own):
+                self.tail.append(pending.decode("utf-8", "replace"))
 
 
 class Supervisor:
     def __init__(
-        self, plan: Plan, environ: Mapping[str, str], run_dir: Path, member: Member | None
+        self,
+        plan: Plan,
+        environ: Mapping[str, str],
+        run_dir: Path,
+        member: Member | None,
+        stop: Stop,
+        *,
+        argv: Sequence[str] | None = None,
+        command: Sequence[str] | None = None,
     ) -> None:
         self.plan = plan
         self.environ = environ
         self.run_dir = run_dir
         self.member = member
-        self.run = Run()
-        self.stop_event = threading.Event()
-        self.failure_grace = float(plan.settings["failure_grace_period"])
-        self.stop_grace = float(plan.settings["stop_grace_period"])
-        self.previous: dict[signal.Signals, Any] = {}
+        self.stop = stop
+        self.argv = list(argv or plan.argv)
+        self.command = list(command or plan.command)
+        self.settings = plan.settings
         # with restarts torchrun retries a failed group itself: only its final exit is a failure
-        self.restarts = plan.max_restarts
+        self.restarts = plan.max_restarts if argv is None else 0
+        self.observed = Observed(torch_version=plan.torch_version, restarts=self.restarts)
+        self.control = control_dir("preflight" if argv is not None else "job")
+        self.workers = Workers(self.control)
+        self.signalled: set[int] = set()  # worker groups the bootstrap stopped itself
+        self.frozen = False  # torchrun held with SIGSTOP while the bootstrap delivers a stop
+        self.output = TorchrunOutput(f"[{plan.topology.current_host} rank ".encode())
+        # the hang watchdog watches the job itself, not the preflight (which has its deadline)
+        self.hang_timeout = self.settings.hang_timeout if argv is None else 0.0
+        self.activity: Activity | None = None
+
+    def effective(self, name: str) -> str | None:
+        """A variable as the workers get it: the user's value, else the plan's."""
+        added = self.plan.env.get(name)
+        return self.environ.get(name, added.value if added else None)
 
     # -- launch ---------------------------------------------------------------------------
     def launch(self) -> subprocess.Popen:
-        """Our stop handler goes in first, so no signal falls between spawn and monitor."""
+        """The script's command line goes to a private file, never through torchrun's parser."""
         prepare_run_dir(self.run_dir)
-        self.previous = {sig: signal.signal(sig, self._on_signal) for sig in STOP_SIGNALS}
+        job = {
+            "argv": self.command,
+            "run_dir": str(self.run_dir),
+            "console_ranks": self.settings.console_ranks,
+            "secrets": list(self.plan.secrets),
+            "console_stderr": self.output.worker_stderr(),
+        }
+        path = self.control / "command.json"
+        path.write_text(json.dumps(job))
+        path.chmod(0o600)
+        self.stop.raising = False
+        if self.hang_timeout:
+            self.activity = Activity(self.run_dir, self.effective(PROGRESS_ENV))
+            if self.member:  # several hosts: the master decides, from every host's idle time
+                self.member.idle = self.activity.idle
         return subprocess.Popen(
-            list(self.plan.argv),
-            env=child_environment(self.plan, self.environ, self.run_dir),
+            self.argv,
+            env=child_environment(self.plan, self.environ, self.control),
             cwd=self.plan.code.code_dir,
             stderr=subprocess.PIPE,
         )
 
-    def _on_signal(self, signum: int, _frame: object) -> None:
-        if self.run.stop_signal is None:
-            self.run.stop_signal = signal.Signals(signum).name
-            self.run.stop_at = time.time()
-        self.stop_event.set()
-
     # -- monitor --------------------------------------------------------------------------
     def _collect(self, final: bool = False) -> None:
         for path in self.run_dir.glob("rank-*.json"):
-            record = _read_json(path)
-            if record and record.get("rank") is not None:
-                self.run.results[int(record["rank"])] = record
-        if self.run.first_failure or self.run.remote_failure or self.run.stop_signal:
+            data = read_json(path)
+            if data and data.get("rank") is not None:
+                self.observed.results[int(data["rank"])] = RankRecord.from_json(data)
+        self.observed.launched |= set(self.workers.refresh())
+        if self.observed.first_failure or self.observed.remote_failure or self.observed.stop_signal:
             return
-        failed = [
-            r for r in self.run.results.values() if r.get("returncode") and not r.get("stop_signal")
-        ]
-        if failed and (self.restarts == 0 or final):
-            self.run.first_failure = min(failed, key=lambda r: r.get("ended_at", 0))
+        if self.observed.hung:  # ranks ending now were stopped by the watchdog
+            return
+        if self.observed.lost_master:
+            return
+        failed = [r for r in self.observed.results.values() if r.failed and not r.stop_signal]
+        # a failure that would repeat identically is not worth a restart (failure.permanent)
+        if failed and (self.restarts == 0 or final or any(map(permanent, failed))):
+            self.observed.first_failure = min(failed, key=lambda r: r.ended_at or 0)
 
     def monitor(self, process: subprocess.Popen) -> None:
-        tail: deque[str] = deque(maxlen=30)
-        pump = threading.Thread(target=_pump_stderr, args=(process, tail), daemon=True)
+        output = self.output
+        pump = threading.Thread(target=output.pump, args=(process,), daemon=True)
         pump.start()
         deadline: float | None = None
+        seen: tuple[int, ...] = ()  # the two folders' change times at the last scan
+        scanned = 0.0
         try:
-            while process.poll() is None:
-                self._collect()
-                now = time.monotonic()
-                if deadline is None:
-                    deadline = self._decide_teardown(process, now)
-                elif now >= deadline:
-                    log("grace period over: recording stacks, killing the remaining workers")
-                    capture_stacks(self.run_dir)
-                    self.run.forced_kill = True
-                    kill_workers(self.run_dir, signal.SIGKILL)
-                    process.kill()
-                    break
-                self.stop_event.wait(POLL_SECONDS)
-                self.stop_event.clear()  # a handled stop must not turn this into a busy loop
-            process.wait()
+            with self.stop.wakes_on_child_exit():
+                while process.poll() is None:
+                    # Scan for records and pid files only when one may have appeared: each is
+                    # renamed into its folder, which changes the folder's mtime. That clock is
+                    # coarse (two files in one tick leave one mtime), so within 2 s of a change,
+                    # and at least once a second, scan anyway.
+                    try:
+                        stamps = tuple(os.stat(p).st_mtime_ns for p in (self.run_dir, self.control))
+                    except OSError:
+                        stamps = ()
+                    now = time.monotonic()
+                    if (
+                        stamps != seen
+                        or not stamps
+                        or time.time_ns() - max(stamps) < 2_000_000_000
+                        or now - scanned >= 1.0
+                    ):
+                        self._collect()
+                        seen, scanned = stamps, now
+                    if deadline is None:
+                        deadline = self._decide_teardown(process, now)
+                        self.output.quiet = deadline is not None
+                    elif self.frozen:
+                        deadline = self._deliver_stop(process, now, deadline)
+                    elif now >= deadline:
+                        self._force(process)
+                        break
+                    self.stop.wait(POLL_SECONDS)
+                process.wait()
         finally:
-            for sig, handler in self.previous.items():
-                signal.signal(sig, handler)
-            kill_workers(self.run_dir, signal.SIGKILL)  # nothing outlives the launcher
+            if self.member:
+                self.member.idle = None
+            if self.frozen:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGCONT)
+            self.workers.signal(signal.SIGKILL)  # nothing outlives the launcher
+            if process.poll() is None:
+                process.kill()
+                process.wait()
             pump.join(timeout=2)
             _reap_orphans()
-        self._collect(final=True)
-        self.run.returncode = process.returncode
-        self.run.torchrun_tail = list(tail)
+            self._collect(final=True)
+            shutil.rmtree(self.control, ignore_errors=True)
+            tidy_run_dir(self.run_dir)
+        self.observed.returncode = process.returncode
+        self.observed.torchrun_tail = list(output.tail)
+
+    def _force(self, process: subprocess.Popen) -> None:
+        log("grace period over: recording stacks, killing the remaining workers")
+        self.workers.capture_stacks()
+        self.observed.forced_kill = True
+        self.workers.signal(signal.SIGKILL)
+        process.kill()
+
+    def _deliver_stop(self, process: subprocess.Popen, now: float, deadline: float) -> float:
+        """The bootstrap's own stop delivery (torchrun frozen): signal worker groups as they
+        appear; once every started rank has ended, or the grace is over, release torchrun."""
+        pending = [rank for rank in self.workers.refresh() if rank not in self.signalled]
+        if pending:
+            self.workers.signal(signal.Signals[self.observed.stop_signal or "SIGTERM"], pending)
+            self.signalled.update(pending)
+        ended = set(self.observed.launched) <= set(self.observed.results)
+        if not ended and now < deadline:
+            return deadline
+        if not ended:
+            log("grace period over: recording stacks, killing the remaining workers")
+            self.workers.capture_stacks()
+            self.observed.forced_kill = True
+            self.workers.signal(signal.SIGKILL)
+        self.frozen = False
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(signal.SIGTERM)  # pending until it runs again: handled first
+            os.kill(process.pid, signal.SIGCONT)
+        return now + TORCHRUN_EXIT_SECONDS
 
     def _decide_teardown(self, process: subprocess.Popen, now: float) -> float | None:
         """Start a teardown when needed; returns its deadline."""
-        if self.run.stop_signal:
-            # torchrun signals each worker's process group once, at once, then waits its
-            # --shutdown-timeout (our stop grace period) before SIGKILL: exactly one signal each
+        if self.stop.signal:
+            self.observed.stop_signal, self.observed.stop_at = self.stop.signal, self.stop.at
+            grace = self.settings.stop_grace_period
+            self.observed.grace = grace
+            log(f"received {self.stop.signal}: stopping every rank (grace period {grace:g} s)")
+            if self.plan.stop_delivery == "torchrun":
+                # torchrun signals each worker's process group once, at once, then waits its
+                # --shutdown-timeout (our grace period) before SIGKILL
+                process.send_signal(signal.Signals[self.stop.signal])
+                return now + grace + 5
+            os.kill(process.pid, signal.SIGSTOP)
+            self.frozen = True
+            return self._deliver_stop(process, now, now + grace)
+        grace = self.settings.failure_grace_period
+        if self.observed.first_failure:
+            failure = self.observed.first_failure
             log(
-                f"received {self.run.stop_signal}: stopping every rank "
-                f"(grace period {self.stop_grace:g} s)"
-            )
-            process.send_signal(signal.Signals[self.run.stop_signal])
-            return now + self.stop_grace + 5
-        if self.run.first_failure:
-            failure = self.run.first_failure
-            log(
-                f"rank {failure['rank']} on {failure['host']} failed: stopping this host's "
+                f"rank {failure.rank} on {failure.host} failed: stopping this host's "
                 "workers and telling the other hosts"
             )
             if self.member:
-                self.member.post_failure(
-                    {
-                        k: failure.get(k)
-                        for k in (
-                            "host",
-                            "rank",
-                            "local_rank",
-                            "returncode",
-                            "signal",
-                            "exception",
-                            "fatal_error",
-                            "ended_at",
-                        )
-                    }
-                )
-            capture_stacks(self.run_dir)
+                self.member.post_failure(failure)
+            self.workers.capture_stacks()
+            self.observed.grace = grace
             process.send_signal(signal.SIGTERM)
-            return now + self.failure_grace
+            return now + grace
         if self.member and self.member.aborted.is_set():
-            self.run.remote_failure = self.member.abort or {}
+            if self.member.lost_master:
+                self.observed.lost_master = self.member.master
+            elif is_hang(self.member.abort):
+                self.observed.hung = self.member.abort
+                return self._stop_hung(process, now)
+            else:
+                self.observed.remote_failure = self.member.abort
             log("another host failed: recording stacks, stopping this host's workers")
-            capture_stacks(self.run_dir)
+            self.workers.capture_stacks()
+            self.observed.grace = grace
             process.send_signal(signal.SIGTERM)
-            return now + self.failure_grace
+            return now + grace
+        if self.activity and not self.member and self.activity.idle() >= self.hang_timeout:
+            what = hung_text(self.hang_timeout)
+            host = self.plan.topology.current_host
+            self.observed.hung = RankRecord(
+                host=host, rank=None, returncode=HUNG_EXIT_CODE, what=what
+            )
+            return self._stop_hung(process, now)
         return None
+
+    def _stop_hung(self, process: subprocess.Popen, now: float) -> float:
+        """Where every rank is stuck, for the failure file, before the teardown: Python stacks
+        (faulthandler dumps even while the main thread waits in native code) and, on NCCL
+        hosts, the flight recorder's record of the collectives each rank was in."""
+        assert self.observed.hung is not None
+        log(f"{self.observed.hung.what}: recording stacks, stopping this host's workers")
+        self.workers.capture_stacks(wait=1.0)
+        if request_nccl_dumps(self.effective(NCCL_PIPE_ENV)):
+            time.sleep(NCCL_DUMP_SECONDS)  # torch's monitor thread looks at its pipe each second
+        self.observed.grace = grace = self.settings.failure_grace_period
+        process.send_signal(signal.SIGTERM)
+        return now + grace
 
 
 def _reap_orphans() -> None:

@@ -3,27 +3,21 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
-from container_entry.secrets import MASK, is_secret_name
+from container_entry.masking import Masker
 
 PREFIX = "[container-entry]"
-_secret_values: list[str] = []
+MASKER = Masker()  # every secret the plan found; applied to each line and file we write
 
 
-def register_secrets(environ: Mapping[str, str], extra: Iterable[tuple[str, object]] = ()) -> None:
-    """Remember values of credential-looking variables so no bootstrap line ever shows them."""
-    pairs = list(environ.items()) + [(k, str(v)) for k, v in extra]
-    for name, value in pairs:
-        if is_secret_name(name) and len(value) >= 4 and value not in _secret_values:
-            _secret_values.append(value)
-    _secret_values.sort(key=len, reverse=True)
+def register_secrets(values: Iterable[str]) -> None:
+    """Remember credential values so no line or file of the bootstrap ever shows them."""
+    MASKER.add(values)
 
 
 def redact(text: str) -> str:
-    for value in _secret_values:
-        text = text.replace(value, MASK)
-    return text
+    return MASKER.text(text)
 
 
 def log(message: str) -> None:

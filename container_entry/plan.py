@@ -1,24 +1,43 @@
-"""Pure resolution: Environment -> Plan. No I/O, no side effects; print it, test it, run it."""
+"""Pure resolution: Environment -> Plan. No I/O, no side effects; print it, test it, run it.
+
+`build_plan` raises ConfigError for input that leaves nothing to plan (a malformed config file,
+a bad setting); what it can plan around (no entry script, a script that is not there, an
+unsupported torch, an environment too large to start a process with) goes into
+`Plan.problems`, so `plan` can show everything else. `train` refuses a plan with problems.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import posixpath
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from container_entry import contract, gpus, hyperparameters, settings
+from container_entry import contract, gpus, hyperparameters, settings, torchrun
 from container_entry.cluster import Topology, resolve_topology
-from container_entry.environment import Environment
+from container_entry.environment import Environment, script_candidates
 from container_entry.errors import ConfigError
-from container_entry.fabric import fabric_env
-from container_entry.secrets import mask_argv, mask_mapping, redact, secret_values
+from container_entry.hang import PROGRESS_ENV
+from container_entry.masking import MASK, Masker, is_secret_name, secret_values
+from container_entry.settings import Settings
+from container_entry.worker_defaults import threads, worker_env
 
-TORCHRUN = ("-m", "torch.distributed.run")
-WORKER_MODULE = "container_entry.worker"
 PREFLIGHT_SCRIPT = str(Path(__file__).resolve().parent / "preflight.py")
+RUN_DIR = ("output", "data", "container-entry")  # under the base dir: logs, records, stacks
+MAX_ARG_STRLEN = 131072  # Linux: the most bytes one argv or environment string may hold
+UNRESOLVED = "<entry script>"
+
+
+def workers_of(nproc_per_node: str, gpus: int) -> int:
+    """Workers per host from torchrun's value ("gpu"/"auto" from PET_* count the GPUs)."""
+    return int(nproc_per_node) if nproc_per_node.isdigit() else max(1, gpus)
+
+
+def run_dir(base_dir: Path | str) -> Path:
+    return Path(base_dir, *RUN_DIR)
 
 
 @dataclass(frozen=True)
@@ -36,90 +55,137 @@ class CodeSource:
 
 @dataclass(frozen=True)
 class Plan:
-    mode: str
-    hosts: tuple[str, ...]
-    current_host: str
-    node_rank: int
-    master_addr: str
+    topology: Topology
+    master_addr: str  # the topology's, unless PET_MASTER_ADDR says otherwise
     master_port: int
-    coordination_port: int  # the bootstraps' own side channel on the master (master_port + 1)
-    wait_for: tuple[str, ...]  # host names that must resolve before launch
     coordinated: bool  # whether the bootstraps of all hosts relay failures to each other
     nproc_per_node: str  # what torchrun will use; a string because PET_ may say "gpu"/"auto"
     nproc_source: str
     backend: str
     num_gpus: int
-    program: str
+    torch_version: str | None
+    stop_delivery: str  # who gives the ranks their stop grace: "torchrun" or "bootstrap"
+    program: str | None  # None: no entry script named
     code: CodeSource
     user_args: tuple[str, ...]
     hyperparameters: dict[str, Any]
-    argv: tuple[str, ...]  # the torchrun command line, the script and its arguments
+    argv: tuple[str, ...]  # torchrun's command line: its options and our worker module
+    command: tuple[str, ...]  # what each worker runs: the script and its arguments
     env: dict[str, EnvVar]  # variables the bootstrap adds, each with its reason
     user_env_kept: tuple[str, ...]  # variables we would have set but the user already had
+    settings: Settings
     max_restarts: int = 0  # what torchrun will use (PET_MAX_RESTARTS wins)
     preflight_argv: tuple[str, ...] = ()  # empty: no preflight
-    settings: dict[str, Any] = field(default_factory=dict)
-    install_requirements: bool = True
+    problems: tuple[str, ...] = ()  # why this plan cannot run; empty: it can
+    secrets: tuple[str, ...] = field(default=(), repr=False)  # values masked in all output
+    warnings: tuple[str, ...] = ()  # what the user should know; the plan can still run
+    cpu_count: int = 1  # this host's, for the thread default
+    physical_cores: int | None = None
+    boot_id: str | None = None  # this machine's kernel, told to the other hosts at the join
+
+    @property
+    def workers(self) -> int:
+        """Workers this host starts."""
+        return workers_of(self.nproc_per_node, self.num_gpus)
+
+    def sharing_machine(self, hosts: int, workers: int) -> Plan:
+        """The same plan once the join showed `hosts` hosts of this job, `workers` workers in
+        all, on this one machine: the thread default divides the machine's cores among all of
+        them. Unchanged where the user set OMP_NUM_THREADS or the machine is not shared."""
+        if hosts <= 1 or "OMP_NUM_THREADS" not in self.env:
+            return self
+        value, reason = threads(
+            gpu_count=self.num_gpus,
+            cpu_count=self.cpu_count,
+            physical_cores=self.physical_cores,
+            workers=workers,
+            hosts_on_machine=hosts,
+        )
+        env = {**self.env, "OMP_NUM_THREADS": EnvVar(value, reason)}
+        return dataclasses.replace(self, env=env)
+
+    @property
+    def coordination_port(self) -> int:
+        """The bootstraps' own side channel on the master host."""
+        return self.master_port + 1
+
+    @property
+    def preflight_command(self) -> tuple[str, ...]:
+        return (PREFLIGHT_SCRIPT,)
+
+    def masker(self) -> Masker:
+        return Masker(self.secrets)
 
     def to_dict(self, *, masked: bool = True) -> dict[str, Any]:
         data = asdict(self)
+        del data["secrets"]
+        data["coordination_port"] = self.coordination_port
         data["env"] = {k: {"value": v.value, "reason": v.reason} for k, v in self.env.items()}
         if masked:
             for name, item in data["env"].items():
-                item["value"] = mask_mapping({name: item["value"]})[name]
-            data["argv"] = mask_argv(self.argv)
-            data["user_args"] = mask_argv(self.user_args)
-            data["hyperparameters"] = mask_mapping(self.hyperparameters)
-            data = redact(data, self._secrets())
+                if is_secret_name(name) and item["value"]:
+                    item["value"] = MASK
+            data = self.masker().obj(data)
         return data
-
-    def _secrets(self) -> list[str]:
-        env_values = {name: var.value for name, var in self.env.items()}
-        return secret_values({**self.hyperparameters, **env_values})
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, default=str)
 
     def summary(self) -> str:
         """The compact block printed at start."""
-        hosts = ", ".join(self.hosts)
+        topology = self.topology
         env_names = " ".join(sorted(k for k in self.env if not k.startswith("SM_")))
         sm_count = sum(1 for k in self.env if k.startswith("SM_"))
+        stop = (
+            "torchrun --shutdown-timeout"
+            if self.stop_delivery == "torchrun"
+            else "delivered by the bootstrap (this torchrun kills 30 s after a stop)"
+        )
         lines = [
-            f"mode        {self.mode}",
-            f"hosts       {len(self.hosts)}: {hosts}",
-            f"this host   {self.current_host} (node rank {self.node_rank})",
+            f"mode        {topology.source}",
+            f"hosts       {len(topology.hosts)}: {', '.join(topology.hosts)}",
+            f"this host   {topology.current_host} (node rank {topology.node_rank})",
             f"master      {self.master_addr}:{self.master_port} "
             f"(coordination :{self.coordination_port})",
             f"workers     {self.nproc_per_node} per host ({self.nproc_source}), {self.backend}",
-            f"code        {self.code.code_dir}/{self.program} ({self.code.kind}: "
-            f"{self.code.location})",
-            f"argv        {' '.join(mask_argv(self.argv))}",
+            f"torch       {self.torch_version or 'not installed'}; stop grace {stop}",
+            f"code        {self.command[0]} ({self.code.kind}: {self.code.location})",
+            f"arguments   {' '.join(self.command[1:]) or '-'}",
             f"env added   {sm_count} SM_* + {env_names or '-'}",
         ]
+        if self.settings.hang_timeout:
+            lines.append(
+                f"hang        declared after {self.settings.hang_timeout:g} s with no output "
+                "from any rank (HANG_TIMEOUT; exit 124)"
+            )
         if self.user_env_kept:
             lines.append(f"env kept    {' '.join(self.user_env_kept)} (already set: left as is)")
-        return str(redact("\n".join(lines), self._secrets()))
+        lines += [f"warning     {text}" for text in self.warnings]
+        return self.masker().text("\n".join(lines))
 
 
-def _program(env: Environment, sagemaker_hps: Mapping[str, Any]) -> str:
+def _program(env: Environment, sagemaker_hps: Mapping[str, Any]) -> str | None:
     if env.cli_args:
-        return posixpath.basename(env.cli_args[0])
+        return env.cli_args[0]
     program = env.environ.get("SAGEMAKER_PROGRAM") or sagemaker_hps.get("sagemaker_program")
-    if not program or not isinstance(program, str):
-        raise ConfigError(
-            "no entry script: set SAGEMAKER_PROGRAM or hyperparameter sagemaker_program, "
-            "or run `train SCRIPT [ARGS...]`"
-        )
-    return program
+    return program if isinstance(program, str) and program else None
+
+
+def _cli_code(env: Environment, name: str) -> tuple[CodeSource, str | None]:
+    """A script named on the command line: the first candidate that exists."""
+    candidates = script_candidates(env.cwd, str(env.base_dir / "code"), name)
+    found = next((path for path in candidates if path in env.scripts_found), None)
+    script = found or candidates[0]
+    problem = None
+    if found is None:
+        problem = f"entry script {name!r} not found: looked for {' and '.join(candidates)}"
+    directory = posixpath.dirname(script)
+    return CodeSource("cli", name, directory), problem
 
 
 def _code_source(env: Environment, program: str, sagemaker_hps: Mapping[str, Any]) -> CodeSource:
     base = str(env.base_dir)
     extracted = posixpath.join(base, "code")
-    if env.cli_args:
-        script = posixpath.join(env.cwd, env.cli_args[0])
-        return CodeSource("cli", env.cli_args[0], posixpath.dirname(posixpath.normpath(script)))
     submit = sagemaker_hps.get("sagemaker_submit_directory") or env.environ.get(
         "SAGEMAKER_SUBMIT_DIRECTORY"
     )
@@ -144,107 +210,123 @@ def _channels(env: Environment) -> dict[str, str]:
     return {name: str(env.base_dir / "input" / "data" / name) for name in sorted(names)}
 
 
-def _torchrun_flags(
-    environ: Mapping[str, str], flags: Mapping[str, str]
-) -> tuple[list[str], list[str]]:
-    """torchrun flags, leaving out every one the user set as PET_<FLAG> (torchrun reads it)."""
-    argv: list[str] = []
-    kept: list[str] = []
-    for flag, value in flags.items():
-        pet = "PET_" + flag.upper().replace("-", "_")
-        if pet in environ:
-            kept.append(pet)
-        else:
-            argv += [f"--{flag}", value]
-    return argv, kept
-
-
-def _rendezvous(
-    topology: Topology,
-    master_addr: str,
-    master_port: int,
-    restarts: int,
-    job_name: object,
-) -> dict[str, str]:
-    """How the hosts meet: torchrun's static rendezvous, or c10d's when the group may restart.
-
-    Static rendezvous keeps one TCPStore for every attempt with no per-attempt prefix, so a
-    restarted rank can read a dead peer's address from the first attempt and fail to connect;
-    c10d's rendezvous, with its store not shared with the workers (the plan sets
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE), gives every attempt a fresh store. Node rank 0
-    hosts the rendezvous store (said outright: resolving the master's name is no proof of being
-    it); where the host names are real, each host advertises its own, so whichever node c10d
-    makes rank 0 is reached by every worker.
-    """
-    if restarts == 0:
-        return {
-            "node-rank": str(topology.node_rank),
-            "master-addr": master_addr,
-            "master-port": str(master_port),
-            "max-restarts": "0",
-        }
-    flags = {
-        "rdzv-backend": "c10d",
-        "rdzv-endpoint": f"{master_addr}:{master_port}",
-        "rdzv-id": str(job_name or "container-entry"),
-        "rdzv-conf": f"is_host={'true' if topology.node_rank == 0 else 'false'}",
-    }
-    # the node that c10d makes rank 0 advertises this address to every worker
-    if len(topology.hosts) == 1:
-        flags["local-addr"] = "127.0.0.1"
-    elif topology.coordinated:  # a source that knows every host's real name (SageMaker)
-        flags["local-addr"] = topology.current_host
-    # else (torchrun-style env: host names unknown) torch's own default, the host's FQDN
-    return {**flags, "max-restarts": str(restarts)}
-
-
-def _int_or(value: str | None, default: int) -> int:
+def _pet_int(environ: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    raw = environ.get(name)
+    if raw is None:
+        return default
     try:
-        return int(value) if value is not None else default
+        value = int(raw)
     except ValueError:
-        raise ConfigError(f"PET_MAX_RESTARTS={value!r}: not an integer") from None
+        raise ConfigError(f"{name}={raw!r}: not an integer") from None
+    if not low <= value <= high:
+        raise ConfigError(f"{name}={raw!r}: must be between {low} and {high}")
+    return value
+
+
+def _nproc(environ: Mapping[str, str], gpu: gpus.GpuCount) -> tuple[str, str]:
+    raw = environ.get("PET_NPROC_PER_NODE")
+    if raw is None:
+        return (str(gpu.count), gpu.source) if gpu.count else ("1", "no GPU: CPU")
+    if raw not in ("auto", "cpu", "gpu", "xpu") and not (raw.isdigit() and int(raw) > 0):
+        raise ConfigError(
+            f"PET_NPROC_PER_NODE={raw!r}: a positive integer, or auto, cpu, gpu (torchrun's values)"
+        )
+    return raw, "PET_NPROC_PER_NODE"
+
+
+def _oversized(
+    environ: Mapping[str, str], command: Sequence[str], arg_max: int, user: Mapping[str, Any]
+) -> str | None:
+    """Why the workers could not be started with this environment and command line (the
+    kernel's E2BIG), naming the variable or argument; None when they can."""
+    biggest = max(user, key=lambda k: len(str(user[k])), default=None)
+    culprit = (
+        f" (hyperparameter {biggest!r} is {len(str(user[biggest]).encode()):,} bytes)"
+        if biggest is not None and len(str(user[biggest]).encode()) > MAX_ARG_STRLEN // 4
+        else ""
+    )
+    for name, value in environ.items():
+        size = len(name.encode()) + len(value.encode("utf-8", "surrogateescape")) + 2
+        if size > MAX_ARG_STRLEN:
+            return (
+                f"environment variable {name} is {size:,} bytes, over the kernel's limit of "
+                f"{MAX_ARG_STRLEN:,} for one variable{culprit if name.startswith('SM_') else ''}"
+            )
+    for arg in command:
+        size = len(arg.encode("utf-8", "surrogateescape")) + 1
+        if size > MAX_ARG_STRLEN:
+            return (
+                f"script argument {arg[:40]!r}... is {size:,} bytes, over the kernel's limit of "
+                f"{MAX_ARG_STRLEN:,} for one argument{culprit}"
+            )
+    total = sum(len(k) + len(v) + 2 + 8 for k, v in environ.items())
+    total += sum(len(a) + 1 + 8 for a in command) + 8192  # what torchrun and Python add
+    if total > arg_max:
+        return (
+            f"the workers' environment and arguments total {total:,} bytes, over the kernel's "
+            f"limit of {arg_max:,}{culprit}"
+        )
+    return None
 
 
 def build_plan(env: Environment) -> Plan:
     """Decide everything about the launch; raises ConfigError naming the bad file or value."""
+    problems: list[str] = []
     topology: Topology = resolve_topology(env)
     hps = hyperparameters.split(env.hyperparameters)
-    knobs = settings.resolve(env.environ, hps.knobs)
-    gpu = gpus.count_gpus(env.environ, env.nvidia_smi)
+    knobs = settings.resolve(env.environ, hps.settings)
+    gpu = gpus.count_gpus(env.environ, env.nvidia_smi, env.nvidia_smi_error, env.gpu_driver)
+    warnings: list[str] = list(gpu.warnings)
     program = _program(env, hps.sagemaker)
-    code = _code_source(env, program, hps.sagemaker)
     user_args = list(env.cli_args[1:]) if env.cli_args else hyperparameters.to_args(hps.user)
     user_hps = dict(hps.user)
     job_name = env.environ.get("TRAINING_JOB_NAME") or hps.sagemaker.get("sagemaker_job_name")
 
-    nproc, nproc_source = (str(gpu.count), gpu.source) if gpu.count else ("1", "no GPU: CPU")
-    if "PET_NPROC_PER_NODE" in env.environ:
-        nproc, nproc_source = env.environ["PET_NPROC_PER_NODE"], "PET_NPROC_PER_NODE"
-    master_port = int(env.environ.get("PET_MASTER_PORT") or knobs["master_port"])
+    problems += gpu.problems
+    if program is None:
+        problems.append(
+            "no entry script: set SAGEMAKER_PROGRAM or hyperparameter sagemaker_program, "
+            "or run `train SCRIPT [ARGS...]`"
+        )
+        code = CodeSource("directory", str(env.base_dir / "code"), str(env.base_dir / "code"))
+        script = UNRESOLVED
+    elif env.cli_args:
+        code, problem = _cli_code(env, program)
+        problems += [problem] if problem else []
+        script = posixpath.join(code.code_dir, posixpath.basename(program))
+    else:
+        code = _code_source(env, program, hps.sagemaker)
+        script = posixpath.join(code.code_dir, program)
+
+    launcher = torchrun.Torchrun(env.torch_version or "0.0")
+    if env.torch_version is None:
+        problems.append(f"torch is not installed for {env.python}: torchrun cannot start")
+    elif not launcher.supported:
+        problems.append(
+            f"torch {env.torch_version} is older than the oldest supported release "
+            f"({'.'.join(map(str, torchrun.OLDEST))})"
+        )
+
+    nproc, nproc_source = _nproc(env.environ, gpu)
+    master_port = _pet_int(env.environ, "PET_MASTER_PORT", knobs.master_port, 1, 65534)
     master_addr = env.environ.get("PET_MASTER_ADDR") or topology.master_addr
-    restarts = _int_or(env.environ.get("PET_MAX_RESTARTS"), knobs["max_restarts"])
-    size = {"nnodes": str(len(topology.hosts)), "nproc-per-node": str(gpu.count or 1)}
-    stop = {"shutdown-timeout": str(int(knobs["stop_grace_period"]))}
-    flags, pet_kept = _torchrun_flags(
-        env.environ,
-        {**size, **_rendezvous(topology, master_addr, master_port, restarts, job_name), **stop},
+    restarts = _pet_int(env.environ, "PET_MAX_RESTARTS", knobs.max_restarts, 0, 10**6)
+    # PET_NPROC_PER_NODE, when set, drops this flag and torchrun reads the user's value itself
+    size = {"nnodes": str(len(topology.hosts)), "nproc-per-node": nproc}
+    stop = (
+        {"shutdown-timeout": str(int(knobs.stop_grace_period))}
+        if launcher.handles_stop_grace
+        else {}
     )
-    # preflight is one attempt: static rendezvous, no restarts
-    preflight_flags, _ = _torchrun_flags(
-        env.environ,
-        {**size, **_rendezvous(topology, master_addr, master_port, 0, job_name), **stop},
-    )
-    script = posixpath.join(code.code_dir, program)
-    # each rank runs the script through our wrapper (tagged live logs, result record)
-    argv = (env.python, *TORCHRUN, *flags, "-m", WORKER_MODULE, script, *user_args)
-    preflight = knobs["preflight"] == "true" or (
-        knobs["preflight"] == "auto" and len(topology.hosts) > 1
-    )
-    preflight_argv = (
-        (env.python, *TORCHRUN, *preflight_flags, "-m", WORKER_MODULE, PREFLIGHT_SCRIPT)
-        if preflight
-        else ()
-    )
+    rendezvous = torchrun.rendezvous_flags(topology, master_addr, master_port, restarts, job_name)
+    flags, pet_kept = torchrun.flags(env.environ, {**size, **rendezvous, **stop})
+    argv = torchrun.command(env.python, flags)
+    preflight = knobs.preflight == "true" or (knobs.preflight == "auto" and len(topology.hosts) > 1)
+    preflight_argv: tuple[str, ...] = ()
+    if preflight:  # one attempt: static rendezvous, no restarts
+        static = torchrun.rendezvous_flags(topology, master_addr, master_port, 0, job_name)
+        preflight_flags, _ = torchrun.flags(env.environ, {**size, **static, **stop})
+        preflight_argv = torchrun.command(env.python, preflight_flags)
 
     wanted: dict[str, EnvVar] = {}
     sm = contract.sm_env(
@@ -253,7 +335,7 @@ def build_plan(env: Environment) -> Plan:
         user_hyperparameters=user_hps,
         sagemaker_hyperparameters=hps.sagemaker,
         user_args=user_args,
-        program=program,
+        program=posixpath.basename(program or UNRESOLVED),
         module_dir=code.location if code.kind in ("s3", "archive") else code.code_dir,
         channels=_channels(env),
         resource_config=env.resource_config or {},
@@ -272,47 +354,92 @@ def build_plan(env: Environment) -> Plan:
     )
     wanted["PYTHONUNBUFFERED"] = EnvVar("1", "live logs: print reaches stdout at once")
     wanted["PYTHONPATH"] = EnvVar(code.code_dir, "user modules importable, as the incumbent")
-    fabric = fabric_env(
+    wanted[PROGRESS_ENV] = EnvVar(
+        str(run_dir(env.base_dir) / "progress"),
+        "touch it (or call container_entry.hang.report_progress()) to count as output for "
+        + (f"HANG_TIMEOUT ({knobs.hang_timeout:g} s)" if knobs.hang_timeout else "HANG_TIMEOUT"),
+    )
+    defaults = worker_env(
         topology=topology,
         gpu_count=gpu.count,
         efa_devices=env.efa_devices,
         interfaces=env.interfaces,
         cpu_count=env.cpu_count,
-        workers_per_host=int(nproc) if nproc.isdigit() else max(1, gpu.count),
-        run_dir=posixpath.join(str(env.base_dir), "output", "data", "container-entry"),
+        workers_per_host=workers_of(nproc, gpu.count),
+        run_dir=str(run_dir(env.base_dir)),
+        environ=env.environ,
+        torch_version=env.torch_version,
+        physical_cores=env.physical_cores,
+        nccl_conf=env.nccl_conf,
+        ofi_nccl_version=env.ofi_nccl_version,
+        libfabric_version=env.libfabric_version,
+        kernel_release=env.kernel_release,
+        shm_bytes=env.shm_bytes,
+        temp_dir=env.temp_dir,
     )
-    for name, (value, reason) in fabric.items():
+    for name, (value, reason) in defaults.env.items():
         wanted[name] = EnvVar(value, reason)
+    warnings += defaults.warnings
     if restarts:
         wanted["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = EnvVar(
             "1", "restarts: every attempt gets a fresh store (no stale peer addresses)"
         )
 
     added = {k: v for k, v in wanted.items() if k not in env.environ}
-    kept = sorted({k for k in wanted if k in env.environ} | set(pet_kept))
+    kept = sorted(
+        {k for k in wanted if k in env.environ} | set(pet_kept) | set(defaults.user_aliases)
+    )
+    command = (script, *user_args)
+    child_env = {**env.environ, **{k: v.value for k, v in added.items()}}
+    oversized = _oversized(child_env, command, env.arg_max, user_hps)
+    if oversized:
+        problems.append(oversized)
+    secret_pairs = [
+        *env.environ.items(),
+        *env.hyperparameters.items(),
+        *_argv_pairs(user_args),
+    ]
     return Plan(
-        mode=topology.source,
-        hosts=topology.hosts,
-        current_host=topology.current_host,
-        node_rank=topology.node_rank,
+        topology=topology,
         master_addr=master_addr,
         master_port=master_port,
-        coordination_port=master_port + 1,
-        wait_for=topology.wait_for,
         coordinated=topology.coordinated and len(topology.hosts) > 1,
         nproc_per_node=nproc,
         nproc_source=nproc_source,
         backend="nccl" if gpu.count else "gloo",
         num_gpus=gpu.count,
+        torch_version=env.torch_version,
+        stop_delivery="torchrun" if launcher.handles_stop_grace else "bootstrap",
         program=program,
         code=code,
         user_args=tuple(user_args),
         hyperparameters=user_hps,
-        argv=tuple(argv),
+        argv=argv,
+        command=command,
         env=added,
         user_env_kept=tuple(kept),
-        preflight_argv=preflight_argv,
-        max_restarts=restarts,
         settings=knobs,
-        install_requirements=bool(knobs["install_requirements"]),
+        max_restarts=restarts,
+        preflight_argv=preflight_argv,
+        problems=tuple(problems),
+        secrets=tuple(secret_values(secret_pairs)),
+        warnings=tuple(warnings),
+        cpu_count=env.cpu_count,
+        physical_cores=env.physical_cores,
+        boot_id=env.boot_id,
     )
+
+
+def _argv_pairs(args: Sequence[str]) -> list[tuple[str, str]]:
+    """(name, value) for `--name value` and `--name=value` in a command line, so a credential
+    passed as an argument (`train train.py --hf_token ...`) is masked like a hyperparameter."""
+    pairs = []
+    for index, arg in enumerate(args):
+        if not arg.startswith("-"):
+            continue
+        name, equals, value = arg.lstrip("-").partition("=")
+        if equals:
+            pairs.append((name, value))
+        elif index + 1 < len(args):
+            pairs.append((name, args[index + 1]))
+    return pairs

@@ -1,12 +1,16 @@
-"""The bootstrap's own knobs: one prefix, as env vars and as hyperparameters.
+"""The bootstrap's own settings: one typed, frozen record, parsed and validated once.
 
-`CONTAINER_ENTRY_<NAME>` in the environment, or hyperparameter `container_entry_<name>`; the
-environment wins because it is the more deliberate of the two (set in the image or the job's
-Environment map). Hyperparameters with the prefix are consumed, never passed to the script.
+Each setting is `CONTAINER_ENTRY_<NAME>` in the environment or hyperparameter
+`container_entry_<name>`; the environment wins because it is the more deliberate of the two (set
+in the image or the job's Environment map). Hyperparameters with the prefix are consumed, never
+passed to the script. `SETTINGS` is the single table: the README's settings table and
+`container-entry --help` are generated from it (tests/unit/test_settings.py checks the README).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,34 +19,36 @@ from container_entry.errors import ConfigError
 
 ENV_PREFIX = "CONTAINER_ENTRY_"
 HYPERPARAMETER_PREFIX = "container_entry_"
-
-
-@dataclass(frozen=True)
-class Knob:
-    name: str  # lower-case, without prefix
-    default: Any
-    parse: Callable[[str], Any]
-    help: str
+# what the bootstrap exports to the workers under the prefix: a script that starts a nested
+# container-entry hands it on, which is not a misspelt setting
+NOT_SETTINGS = frozenset({"CONTAINER_ENTRY_PROGRESS_FILE"})
 
 
 def _port(value: str) -> int:
     port = int(value)
-    if not 1 <= port <= 65535:
-        raise ValueError("not a TCP port")
+    if not 1 <= port <= 65534:  # the side channel uses port + 1
+        raise ValueError("not a TCP port below 65535")
     return port
 
 
-def _positive_float(value: str) -> float:
+def _seconds(value: str) -> float:
     number = float(value)
-    if number <= 0:
-        raise ValueError("must be > 0")
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError("must be a finite number of seconds > 0")
     return number
 
 
-def _non_negative_int(value: str) -> int:
+def _seconds_or_off(value: str) -> float:
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError("must be a finite number of seconds >= 0 (0: off)")
+    return number
+
+
+def _count(value: str) -> int:
     number = int(value)
     if number < 0:
-        raise ValueError("must be >= 0")
+        raise ValueError("must be an integer >= 0")
     return number
 
 
@@ -52,99 +58,134 @@ def _bool(value: str) -> bool:
         return True
     if lowered in ("0", "false", "no", "off", ""):
         return False
-    raise ValueError("not a boolean")
+    raise ValueError("not a boolean (true or false)")
 
 
 def _preflight(value: str) -> str:
-    value = value.strip().lower()
-    if value in ("auto", "true", "false", "1", "0", "yes", "no"):
-        return {"1": "true", "yes": "true", "0": "false", "no": "false"}.get(value, value)
+    lowered = value.strip().lower()
+    aliases = {
+        "1": "true",
+        "yes": "true",
+        "on": "true",
+        "0": "false",
+        "no": "false",
+        "off": "false",
+    }
+    lowered = aliases.get(lowered, lowered)
+    if lowered in ("auto", "true", "false"):
+        return lowered
     raise ValueError("auto, true or false")
 
 
 def _ranks(value: str) -> str:
-    value = value.strip().lower()
-    if value == "all" or all(item.strip().isdigit() for item in value.split(",")):
-        return value
+    lowered = value.strip().lower().replace(" ", "")
+    if lowered == "all" or (lowered and all(item.isdigit() for item in lowered.split(","))):
+        return lowered
     raise ValueError("'all' or comma-separated global ranks")
 
 
-KNOBS: tuple[Knob, ...] = (
-    Knob("master_port", 29500, _port, "TCP port of the rendezvous on the master host"),
-    Knob(
-        "host_wait_timeout",
-        900.0,
-        _positive_float,
-        "seconds to wait for every peer host name to resolve before failing",
-    ),
-    Knob("max_restarts", 0, _non_negative_int, "torchrun --max-restarts for the worker group"),
-    Knob(
-        "install_requirements",
-        True,
-        _bool,
-        "pip install requirements.txt from the code directory before launch",
-    ),
-    Knob(
-        "join_timeout",
-        600.0,
-        _positive_float,
-        "seconds for every host to join the job before any worker starts",
-    ),
-    Knob(
-        "stop_grace_period",
-        100.0,
-        _positive_float,
-        "seconds ranks get after SIGTERM before SIGKILL (SageMaker kills at 120 s)",
-    ),
-    Knob(
-        "failure_grace_period",
-        5.0,
-        _positive_float,
-        "seconds ranks get to exit once a rank on any host failed, before SIGKILL",
-    ),
-    Knob("console_ranks", "all", _ranks, "ranks whose lines reach stdout: 'all' or e.g. '0'"),
-    Knob(
-        "dry_run",
-        False,
-        _bool,
-        "`train` prints the plan as JSON and exits, launching nothing (`plan` inside SageMaker)",
-    ),
-    Knob(
-        "preflight",
+def _setting(default: Any, parse: Callable[[str], Any], doc: str) -> Any:
+    return dataclasses.field(default=default, metadata={"parse": parse, "doc": doc})
+
+
+@dataclass(frozen=True)
+class Settings:
+    master_port: int = _setting(
+        29500, _port, "rendezvous TCP port on the master host (the side channel uses +1)"
+    )
+    host_wait_timeout: float = _setting(
+        900.0, _seconds, "seconds to wait for every peer host name to resolve"
+    )
+    join_timeout: float = _setting(
+        600.0, _seconds, "seconds for every host to join the job before any worker starts"
+    )
+    max_restarts: int = _setting(
+        0,
+        _count,
+        "torchrun `--max-restarts`: a failed worker group restarts on every host (resume "
+        "from `SM_CHECKPOINT_DIR`); see Restarts",
+    )
+    stop_grace_period: float = _setting(
+        100.0, _seconds, "seconds ranks get after SIGTERM before SIGKILL (SageMaker kills at 120 s)"
+    )
+    failure_grace_period: float = _setting(
+        5.0, _seconds, "seconds ranks get to exit once a rank on any host failed"
+    )
+    hang_timeout: float = _setting(
+        0.0,
+        _seconds_or_off,
+        "seconds with no output line and no progress report from any rank on any host before "
+        "the job is declared hung: stacks recorded, every host stopped, exit 124; `0`: off",
+    )
+    console_ranks: str = _setting(
+        "all", _ranks, "ranks whose lines reach stdout: `all` or e.g. `0`"
+    )
+    install_requirements: bool = _setting(
+        True, _bool, "pip install `requirements.txt` from the code directory"
+    )
+    preflight: str = _setting(
         "auto",
         _preflight,
-        "cluster check before the script: auto (multi-host only), true, false",
-    ),
-)
+        "cluster check before the script: `auto` (multi-host jobs), `true`, `false`",
+    )
+    dry_run: bool = _setting(
+        False,
+        _bool,
+        "`train` prints the plan as JSON and exits (the `plan` command inside SageMaker)",
+    )
 
 
-def resolve(environ: Mapping[str, str], hyperparameter_knobs: Mapping[str, Any]) -> dict[str, Any]:
-    """Every knob's value: env, then hyperparameter, then default. Unknown names are errors."""
-    known = {knob.name: knob for knob in KNOBS}
-    for name in hyperparameter_knobs:
+SETTINGS: tuple[dataclasses.Field, ...] = dataclasses.fields(Settings)
+
+
+def env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def table() -> list[tuple[str, str, str]]:
+    """(NAME, default, meaning) per setting, for the README and --help."""
+    rows = []
+    for field in SETTINGS:
+        default = field.default
+        shown = (
+            str(default).lower()
+            if isinstance(default, bool)
+            else f"{default:g}"
+            if isinstance(default, float)
+            else str(default)
+        )
+        rows.append((field.name.upper(), shown, field.metadata["doc"]))
+    return rows
+
+
+def resolve(environ: Mapping[str, str], hyperparameters: Mapping[str, Any]) -> Settings:
+    """Every setting: env, then hyperparameter, then default. Unknown names are errors."""
+    known = {field.name for field in SETTINGS}
+    for name in hyperparameters:
         if name not in known:
             raise ConfigError(
                 f"unknown hyperparameter {HYPERPARAMETER_PREFIX}{name} "
                 f"(known: {', '.join(HYPERPARAMETER_PREFIX + k for k in sorted(known))})"
             )
     for name in environ:
+        if name in NOT_SETTINGS:
+            continue
         if name.startswith(ENV_PREFIX) and name[len(ENV_PREFIX) :].lower() not in known:
             raise ConfigError(
                 f"unknown environment variable {name} "
-                f"(known: {', '.join(ENV_PREFIX + k.upper() for k in sorted(known))})"
+                f"(known: {', '.join(env_name(k) for k in sorted(known))})"
             )
     values: dict[str, Any] = {}
-    for knob in KNOBS:
-        env_name = ENV_PREFIX + knob.name.upper()
-        if env_name in environ:
-            origin, raw = env_name, environ[env_name]
-        elif knob.name in hyperparameter_knobs:
-            origin, raw = HYPERPARAMETER_PREFIX + knob.name, hyperparameter_knobs[knob.name]
+    for field in SETTINGS:
+        if env_name(field.name) in environ:
+            origin, raw = env_name(field.name), environ[env_name(field.name)]
+        elif field.name in hyperparameters:
+            origin, raw = HYPERPARAMETER_PREFIX + field.name, hyperparameters[field.name]
         else:
-            values[knob.name] = knob.default
             continue
+        text = str(raw).lower() if isinstance(raw, bool) else str(raw)
         try:
-            values[knob.name] = knob.parse(str(raw).strip())
+            values[field.name] = field.metadata["parse"](text.strip())
         except ValueError as error:
             raise ConfigError(f"{origin}={raw!r}: {error}") from None
-    return values
+    return Settings(**values)

@@ -1,55 +1,89 @@
 """Per-rank wrapper that torchrun starts instead of the user's script (`-m container_entry.worker`).
 
-It runs the script unchanged as its child and adds what torchrun lacks: every line tagged with
-host and rank and forwarded at once, the full log in a per-rank file, and a result record (exit
-status, signal, the exception type and message parsed from the traceback the script printed)
-that the bootstrap turns into a failure file. Stdlib only: it starts in milliseconds.
+What it adds that torchrun's own `--log-dir/--tee/--local-ranks-filter` cannot:
+- the script's command line arrives in a private file, never on torchrun's command line, where
+  argparse would take `--log`, `--node`, ... for abbreviations of torchrun's options;
+- every line tagged with host and rank and forwarded live (at once after a quiet spell, within
+  COALESCE_SECONDS in a burst), registered secrets masked in it, on the console (filtered by
+  CONSOLE_RANKS; stderr straight to the container's, not through torchrun) and in a per-rank
+  log, from one thread (`relay`);
+- a result record (exit status, signal, the exception type and message parsed from what the
+  script printed, an exec failure named) that the bootstrap turns into a failure file;
+- stacks on demand (SIGUSR2, through _site/sitecustomize.py in the script's own Python).
+Stdlib only: it starts in milliseconds.
 
-Stop signals: torchrun signals each worker's process group, which holds this wrapper and the
-script alike, so the wrapper does not forward them (that would deliver them twice); it only
-records that a stop was requested and waits for the script to finish its handler.
+Stop signals: torchrun (or the bootstrap) signals each worker's process group, which holds this
+wrapper and the script alike, so the wrapper does not forward them (that would deliver them
+twice); it only records that a stop was requested and waits for the script to finish.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import errno
+import fcntl
 import json
 import os
 import re
+import select
+import selectors
 import signal
+import stat
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import Any
 
-RUN_DIR_ENV = "_CONTAINER_ENTRY_RUN_DIR"
+from container_entry.masking import Masker
+from container_entry.records import RankRecord, write_json
+
+CONTROL_ENV = "_CONTAINER_ENTRY_CONTROL"  # the launcher's private folder: command.json, pids
 STACKS_ENV = "_CONTAINER_ENTRY_STACKS"  # read by _site/sitecustomize.py in the script's Python
 SITE_DIR = str(Path(__file__).resolve().parent / "_site")
-CONSOLE_ENV = "_CONTAINER_ENTRY_CONSOLE_RANKS"  # "all" or a comma list of global ranks
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
-
-
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")  # torch.distributed's excepthook adds it
+_LOCATION = re.compile(r'^\s*File "(.+)", line (\d+)$')  # a SyntaxError's location line
+_SYNTAX = ("SyntaxError", "IndentationError", "TabError")
+_LOCATED = re.compile(r"\(.+, line \d+\)$")  # str(SyntaxError) already says where
+_TAIL_BYTES = 65536
+_READ_BYTES = 65536  # below malloc's mmap threshold: no mmap/munmap per read
+_PIPE_BYTES = 1 << 20  # the script's pipes: what it may write while the relay sleeps
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_LINE_BYTES = 1 << 20  # a line longer than this goes out in pieces
+COALESCE_SECONDS = 0.05  # in a burst of output, at most one relay pass per this many seconds
+DRAIN_SECONDS = 5.0  # after the script exited, for what is still in (or held open on) its pipes
 
 
 def parse_exception(stderr_tail: list[str]) -> dict[str, str] | None:
-    """The last Python traceback in the output: its exception type and message."""
-    stderr_tail = [_RANK_PREFIX.sub("", line) for line in stderr_tail]
+    """The exception the script died of, from what it printed: the last Python traceback, or
+    a SyntaxError (which Python prints with no 'Traceback' header) with its file and line."""
+    lines = [_RANK_PREFIX.sub("", line) for line in stderr_tail]
     start = None
-    for index, line in enumerate(stderr_tail):
+    for index, line in enumerate(lines):
         if line.startswith("Traceback (most recent call last):"):
             start = index
-    if start is None:
-        return None
-    for line in stderr_tail[start + 1 :]:
+    location = None
+    if start is None:  # a SyntaxError in the entry script itself: no traceback header
+        for index in range(len(lines) - 1, -1, -1):
+            if lines[index].startswith(tuple(f"{name}:" for name in _SYNTAX)):
+                start = max(-1, index - 6)
+                break
+        if start is None:
+            return None
+    for line in lines[start + 1 :]:
+        located = _LOCATION.match(line)
+        if located:
+            location = (os.path.basename(located.group(1)), located.group(2))
         if line.startswith((" ", "\t")) or not line.strip():
             continue  # frames and source lines are indented
         match = _EXCEPTION_LINE.match(line.rstrip())
         if match:
-            return {"type": match.group(1), "message": (match.group(2) or "").strip()}
+            kind, message = match.group(1), (match.group(2) or "").strip()
+            if kind in _SYNTAX and location and not _LOCATED.search(message):
+                message = f"{message} ({location[0]}, line {location[1]})"
+            return {"type": kind, "message": message}
     return None
 
 
@@ -61,75 +95,292 @@ def fatal_error(stderr_tail: list[str]) -> str | None:
     return None
 
 
-def _shown(rank: int) -> bool:
-    spec = os.environ.get(CONSOLE_ENV, "all").strip().lower()
+def last_words(stderr_tail: list[str]) -> str | None:
+    """The last line the script wrote to stderr: `sys.exit("fatal: ...")` and argparse put
+    their reason there."""
+    for line in reversed(stderr_tail):
+        if line.strip():
+            return line.strip()[:500]
+    return None
+
+
+def shown(rank: int, spec: str) -> bool:
+    spec = spec.strip().lower()
     return spec in ("", "all") or str(rank) in {item.strip() for item in spec.split(",")}
 
 
-@dataclass
-class _Sink:
-    """Where one stream of the script goes: the console (tagged, if shown) and the rank log."""
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BrokenPipeError:
+            return
+        except BlockingIOError:  # another process made a shared console non-blocking
+            select.select([], [fd], [], 1.0)
+        except InterruptedError:
+            continue
 
-    out: IO[str]
-    prefix: str
-    log: IO[str]
-    lock: threading.Lock
-    show: bool
-    tail: collections.deque[str] | None = None  # kept for the result record (stderr)
 
-    def pump(self, stream: IO[bytes]) -> None:
-        """Forward lines as they come: '\\n' or '\\r' ends a line so progress bars show too."""
-        pending = b""
-        while chunk := os.read(stream.fileno(), 65536):
-            pending += chunk
-            *lines, pending = re.split(rb"\r\n|\n|\r", pending)
-            self.emit(lines)
-        if pending:
-            self.emit([pending])
+def console_stderr(path: str | None) -> int:
+    """Where this rank's stderr lines go: the container's stderr itself, the bootstrap's fd 2
+    reopened through /proc (`path`, from the command file), so they skip torchrun's stderr
+    pipe and the bootstrap's pump; torchrun's stderr (our inherited fd 2) when it cannot be
+    opened. O_APPEND: on a regular file (which the bootstrap put in append mode too) no
+    writer overwrites another's lines."""
+    if path:
+        try:
+            return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError:
+            pass
+    return 2
 
-    def emit(self, lines: list[bytes]) -> None:
-        texts = [line.decode("utf-8", errors="replace") for line in lines]
-        with self.lock:
-            for text in texts:
-                self.log.write(text + "\n")
-                if self.show:
-                    self.out.write(f"{self.prefix}{text}\n")
-            self.log.flush()
-            if self.show:
-                self.out.flush()
+
+def atomic_size(fd: int) -> int:
+    """The largest write that reaches `fd` whole when other processes write to it too:
+    PIPE_BUF on a pipe (a longer write may be interleaved with another rank's), else 0 (a
+    regular file in append mode takes each write whole; a terminal has no such promise)."""
+    try:
+        return select.PIPE_BUF if stat.S_ISFIFO(os.fstat(fd).st_mode) else 0
+    except OSError:
+        return 0
+
+
+class Relay:
+    """One stream of the script: whole lines, tagged, to the console (if shown) and the log.
+
+    Bytes only: `feed` takes whatever one read returned; its complete lines are masked, tagged
+    and written at once, one write to the log and one to the console (a pipe gets writes of
+    at most `atomic` bytes, cut at line ends, so no other rank's bytes land inside a line).
+    `\r` ends a line too, so progress bars show; `\r\n` is one line end even when a read
+    splits it. An unterminated line waits for its end, up to _LINE_BYTES. The last _TAIL_BYTES
+    of stderr are kept for the record.
+    """
+
+    def __init__(
+        self,
+        console: int | None,
+        log: int,
+        prefix: bytes,
+        masker: Masker,
+        keep_tail: bool,
+        atomic: int = 0,
+    ) -> None:
+        self.console = console
+        self.log = log
+        self.prefix = prefix
+        self.masker = masker
+        self.atomic = atomic
+        self.tail: collections.deque[bytes] | None = collections.deque() if keep_tail else None
+        self.tail_size = 0
+        self.pending = b""
+        self.after_cr = False  # the last line emitted ended with \r: a leading \n is its end
+
+    def feed(self, chunk: bytes) -> bool:
+        """Take the next bytes of the stream; True when they completed at least one line."""
+        if self.after_cr and chunk[:1] == b"\n":
+            chunk = chunk[1:]
+        data = self.pending + chunk if self.pending else chunk
+        cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+        self.after_cr = cut == len(data) and data[-1:] == b"\r"
+        if cut:
+            self.emit(data[:cut])
+            data = data[cut:]
+        if len(data) > _LINE_BYTES:
+            data = self._cut_long(data)
+        self.pending = data
+        return cut > 0
+
+    def close(self) -> None:
+        """End of the stream: a last unterminated line is written too."""
+        if self.pending:
+            self.emit(self.pending + b"\n")
+            self.pending = b""
+
+    def pump(self, fd: int) -> None:
+        """Relay one blocking stream to its end (the wrapper itself uses `relay`)."""
+        while True:
+            try:
+                chunk = os.read(fd, _READ_BYTES)
+            except InterruptedError:
+                continue
+            if not chunk:
+                break
+            self.feed(chunk)
+        self.close()
+
+    def _cut_long(self, data: bytes) -> bytes:
+        """A line longer than _LINE_BYTES goes out in pieces of that size. Masked before it is
+        cut, and the last (longest secret - 1) bytes held back: a secret that a cut would
+        split can only start there, so it is masked whole once the rest of it arrives."""
+        if self.masker:
+            data = self.masker.data(data)
+        secrets = [s.encode("utf-8", "surrogateescape") for s in self.masker.secrets]
+        keep = max((len(s) for s in secrets), default=1) - 1
+        while len(data) - keep > _LINE_BYTES:
+            self.emit(data[:_LINE_BYTES] + b"\n")
+            data = data[_LINE_BYTES:]
+        return data
+
+    def emit(self, block: bytes) -> None:
+        if b"\r" in block:
+            block = block.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        if self.masker:
+            block = self.masker.data(block)
+        write_all(self.log, block)
+        if self.console is not None:
+            prefix = self.prefix
+            tagged = prefix + block[:-1].replace(b"\n", b"\n" + prefix) + b"\n"
+            if self.atomic and len(tagged) > self.atomic:
+                self._write_lines(tagged)
+            else:
+                write_all(self.console, tagged)
         if self.tail is not None:
-            self.tail.extend(texts)
+            self.tail.append(block)
+            self.tail_size += len(block)
+            while self.tail_size > _TAIL_BYTES and len(self.tail) > 1:
+                self.tail_size -= len(self.tail.popleft())
+
+    def _write_lines(self, tagged: bytes) -> None:
+        """Writes of at most `atomic` bytes, each ending at a line end (a longer line whole)."""
+        assert self.console is not None
+        start, size, limit = 0, len(tagged), self.atomic
+        while start < size:
+            end = tagged.rfind(b"\n", start, start + limit) + 1
+            if end <= start:  # one line longer than `atomic`: it cannot be atomic anyway
+                end = tagged.find(b"\n", start + limit) + 1 or size
+            write_all(self.console, tagged[start:end])
+            start = end
+
+    def tail_lines(self) -> list[str]:
+        if self.tail is None:
+            return []
+        return b"".join(self.tail).decode("utf-8", errors="replace").splitlines()[-400:]
 
 
-def _write_json(path: Path, data: dict) -> None:
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(data, indent=1))
-    temporary.replace(path)  # atomic: the bootstrap never reads half a record
+def relay(
+    child: subprocess.Popen,
+    streams: list[tuple[int, Relay]],
+    window: float = COALESCE_SECONDS,
+    drain: float = DRAIN_SECONDS,
+) -> int:
+    """Relay the script's pipes from this one thread until both end, or `drain` seconds
+    after the script exited (a process it started may hold them open); its exit status.
+
+    Wake-ups, not bytes, are what a relay costs: `python -u` writes each print in two
+    syscalls, and waking per write cost more CPU than the lines themselves. So after a pass
+    that relayed a line the loop sleeps out the rest of `window` before it looks again; what
+    the script writes meanwhile waits in the pipe (enlarged to _PIPE_BYTES, so the script does
+    not block) and goes out in one read and one write per destination. A line after a quiet
+    spell goes out at once (a pass that got only part of a line does not sleep); in a burst,
+    a line waits at most `window`.
+    """
+    selector = selectors.DefaultSelector()
+    live: dict[int, Relay] = {}
+    for fd, stream in streams:
+        os.set_blocking(fd, False)
+        with contextlib.suppress(OSError):  # more than the default 64 KiB: fine if refused
+            fcntl.fcntl(fd, _F_SETPIPE_SZ, _PIPE_BYTES)
+        selector.register(fd, selectors.EVENT_READ, stream)
+        live[fd] = stream
+    exited = _pidfd(child.pid)  # readable once the script has exited
+    if exited is not None:
+        selector.register(exited, selectors.EVENT_READ, None)
+    deadline: float | None = None
+    try:
+        while live:
+            if deadline is not None:
+                timeout: float | None = max(0.0, deadline - time.monotonic())
+            else:
+                timeout = None if exited is not None else 0.5
+            events = selector.select(timeout)
+            woke = time.monotonic()
+            relayed = False
+            for key, _ in events:
+                if key.data is None:  # the pidfd
+                    selector.unregister(key.fd)
+                    deadline = woke + drain
+                    continue
+                while True:
+                    try:
+                        chunk = os.read(key.fd, _READ_BYTES)
+                    except BlockingIOError:
+                        break
+                    if not chunk:
+                        live.pop(key.fd).close()
+                        selector.unregister(key.fd)
+                        break
+                    relayed = key.data.feed(chunk) or relayed
+                    if len(chunk) < _READ_BYTES:
+                        break
+            if deadline is None and exited is None and child.poll() is not None:
+                deadline = woke + drain
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+            if relayed and live:
+                rest = window - (time.monotonic() - woke)
+                if rest > 0:
+                    time.sleep(rest)
+    finally:
+        for stream in live.values():
+            stream.close()
+        selector.close()
+        if exited is not None:
+            os.close(exited)
+    return child.wait()
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # Linux before 5.3, or not Linux
+        return None
+
+
+def _exec_failure(script: str, error: OSError) -> tuple[int, dict[str, str]]:
+    """An entry script that could not be started at all: the shell's 126/127 and why."""
+    reason = error.strerror or str(error)
+    code = 127 if error.errno == errno.ENOENT else 126
+    if error.errno == errno.ENOEXEC:
+        reason = "Exec format error: not a program, and no '#!' line naming an interpreter"
+    elif error.errno == errno.ENOENT and os.path.exists(script):
+        try:
+            with open(script, "rb") as handle:
+                first = handle.readline(200).decode("utf-8", "replace").strip()
+        except OSError:
+            first = ""
+        interpreter = first[2:].strip() if first.startswith("#!") else "?"
+        reason = f"its interpreter {interpreter!r} (the '#!' line) was not found"
+    return code, {"type": "ExecError", "message": f"cannot execute {script}: {reason}"}
 
 
 def main(argv: list[str]) -> int:
-    if not argv:
-        print("usage: python -m container_entry.worker SCRIPT [ARGS...]", file=sys.stderr)
+    control = Path(os.environ.get(CONTROL_ENV) or ".")
+    try:
+        job: dict[str, Any] = json.loads((control / "command.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        print(f"container_entry.worker: no command in {control}: {error}", file=sys.stderr)
         return 2
-    script, *args = argv
+    command: list[str] = list(job["argv"]) + list(argv)
+    script = command[0]
+    run_dir = Path(job["run_dir"])
+    masker = Masker(job.get("secrets") or ())
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     host = os.environ.get("CURRENT_HOST") or os.environ.get("HOSTNAME", "localhost")
-    run_dir = Path(os.environ.get(RUN_DIR_ENV) or ".")
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "stacks").mkdir(exist_ok=True)
 
-    command = [sys.executable, "-u", script, *args] if script.endswith(".py") else [script, *args]
     env = dict(os.environ)
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a segfault prints the Python stacks
     # stacks on demand (SIGUSR2) for the teardown report; appended, so a user's PYTHONPATH
     # entries (and their own sitecustomize) still come first
-    (run_dir / "stacks").mkdir(exist_ok=True)
     env[STACKS_ENV] = str(run_dir / "stacks" / f"rank-{rank}.txt")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), SITE_DIR) if p)
-    for name in (RUN_DIR_ENV, CONSOLE_ENV):
-        env.pop(name, None)
+    env.pop(CONTROL_ENV, None)
+    program = [sys.executable, "-u", *command] if script.endswith(".py") else command
 
-    stop: dict[str, object] = {}
+    stop: dict[str, Any] = {}
 
     def note_stop(signum: int, _frame: object) -> None:
         stop.setdefault("signal", signal.Signals(signum).name)
@@ -139,51 +390,54 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, note_stop)
 
     started = time.time()
-    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    _write_json(
-        run_dir / f"rank-{rank}.pid",
-        {"rank": rank, "wrapper": os.getpid(), "child": child.pid, "host": host},
-    )
-    lock = threading.Lock()
-    tail: collections.deque[str] = collections.deque(maxlen=400)
-    show = _shown(rank)
-    prefix = f"[{host} rank {rank}] "
-    with open(run_dir / "logs" / f"rank-{rank}.log", "a", encoding="utf-8") as log:
-        sinks = [
-            (child.stdout, _Sink(sys.stdout, prefix, log, lock, show)),
-            (child.stderr, _Sink(sys.stderr, prefix, log, lock, show, tail)),
-        ]
-        pumps = [
-            threading.Thread(target=sink.pump, args=(stream,), daemon=True)
-            for stream, sink in sinks
-        ]
-        for pump in pumps:
-            pump.start()
-        status = child.wait()
-        for pump in pumps:
-            pump.join(timeout=5)
+    log_path = run_dir / "logs" / f"rank-{rank}.log"
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    console = shown(rank, str(job.get("console_ranks", "all")))
+    prefix = f"[{host} rank {rank}] ".encode()
+    err = console_stderr(job.get("console_stderr"))
+    relays = [
+        Relay(1 if console else None, log, prefix, masker, False, atomic_size(1)),
+        Relay(err if console else None, log, prefix, masker, True, atomic_size(err)),
+    ]
+    exception = None
+    try:
+        child = subprocess.Popen(
+            program, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=os.getcwd()
+        )
+    except OSError as error:
+        status, exception = _exec_failure(script, error)
+        write_all(log, (exception["message"] + "\n").encode())
+        write_all(err, prefix + exception["message"].encode() + b"\n")
+    else:
+        write_json(
+            control / f"rank-{rank}.pid",
+            {"rank": rank, "wrapper": os.getpid(), "child": child.pid, "host": host},
+        )
+        assert child.stdout is not None and child.stderr is not None
+        streams = [child.stdout.fileno(), child.stderr.fileno()]
+        status = relay(child, list(zip(streams, relays, strict=True)))
+    os.close(log)
 
-    lines = list(tail)
-    _write_json(
-        run_dir / f"rank-{rank}.json",
-        {
-            "host": host,
-            "rank": rank,
-            "local_rank": local_rank,
-            # torchrun's count on this host; a failure with restarts > 0 used them all up
-            "restart_count": int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0),
-            "returncode": status,
-            "signal": signal.Signals(-status).name if status < 0 else None,
-            "exception": parse_exception(lines),
-            "fatal_error": fatal_error(lines),
-            "stop_signal": stop.get("signal"),
-            "stop_requested_at": stop.get("at"),
-            "started_at": started,
-            "ended_at": time.time(),
-            "stderr_tail": lines[-40:],
-            "log": str(run_dir / "logs" / f"rank-{rank}.log"),
-        },
+    lines = relays[1].tail_lines()
+    record = RankRecord(
+        host=host,
+        rank=rank,
+        local_rank=local_rank,
+        # torchrun's count on this host; a failure with restarts > 0 used them all up
+        restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0),
+        returncode=status,
+        signal=signal.Signals(-status).name if status < 0 else None,
+        exception=exception or parse_exception(lines),
+        fatal_error=fatal_error(lines),
+        last_words=last_words(lines) if status else None,
+        stop_signal=stop.get("signal"),
+        stop_requested_at=stop.get("at"),
+        started_at=started,
+        ended_at=time.time(),
+        stderr_tail=lines[-40:],
+        log=str(log_path),
     )
+    write_json(run_dir / f"rank-{rank}.json", record.to_json())
     if status < 0:  # die the same way so torchrun reports the real signal
         signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)

@@ -17,6 +17,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import torch
 from hf_trainer_tiny import TINY, VOCAB, JsonlDataset, load_examples
 from safetensors.torch import save_model
 from transformers import (
@@ -28,6 +29,19 @@ from transformers import (
 )
 
 WEIGHTS = "model.safetensors"  # what the Trainer resumes the model from
+
+
+def _restore_cpu_index(storage, location):
+    """CPU DDP only: transformers maps the optimizer state to the Trainer's device, which is
+    `cpu:0` under Accelerate's multi-CPU mode, and torch before 2.10 restores only the tag
+    `cpu` ("don't know how to restore data location ... (tagged with cpu:0)"). GPU jobs
+    (`cuda:N`) never need this."""
+    if location.startswith("cpu:"):
+        return storage
+    return None
+
+
+torch.serialization.register_package(99, lambda _obj: None, _restore_cpu_index)
 
 
 class SlowSteps(TrainerCallback):

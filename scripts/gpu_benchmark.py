@@ -7,10 +7,22 @@ instead. This script trains the same model (built from a config, nothing is down
 the same per-GPU batch both ways, in alternation, and prints per-GPU peak memory (max/min
 across GPUs) and samples per second.
 
-Run it on a machine with GPUs, inside our image (so `container-entry train` is our launch):
+Run it on a machine with GPUs, inside our image built on the GPU DLC (so `container-entry
+train` is our launch), under its own tag: `make bench` rebuilds `container-entry:bench` from the
+CPU stand-in and would replace a GPU build kept under that name.
 
-    docker run --gpus all --rm --shm-size 8g -v "$PWD":/w -w /w container-entry:bench \\
+    make build IMAGE=container-entry:gpu-bench      # BASE_IMAGE defaults to the GPU DLC
+    docker run --gpus all --rm --shm-size 8g -v "$PWD":/w -w /w container-entry:gpu-bench \\
         python scripts/gpu_benchmark.py --write-docs docs/benchmarks.md
+
+Fair comparison: both variants run in the same container, with the same environment, the same
+per-GPU batch and the same precision. bf16 is applied by the script itself (autocast entered
+around the model's forward, inside DataParallel's replica threads too), not by the Trainer's
+`bf16=True`: under `nn.DataParallel` the Trainer prepares only the optimizer, so accelerate's
+autocast never wraps the model there. A forward hook records the dtype that actually ran. An
+out-of-memory error (DataParallel's GPU 0, the seed's point) is a result in the table, not a
+crash. Memory per GPU: peak allocated, peak reserved (the caching allocator) and the device's
+peak used memory (`cudaMemGetInfo`, which includes the CUDA context and NCCL's buffers).
 
 Multi-GPU host (e.g. 8 GPUs): the same command; every visible GPU is used
 (`--gpus '"device=0,1"'` or CUDA_VISIBLE_DEVICES picks fewer). DataParallel runs one process
@@ -33,10 +45,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 SCRIPT = Path(__file__).resolve()
+IMAGE = "container-entry:gpu-bench"  # not container-entry:bench, which `make bench` rebuilds
+ENV_RECORDED = ("OMP_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF", "NCCL_DEBUG", "CUDA_VISIBLE_DEVICES")
+OOM_EXIT = 3  # a worker that ran out of memory: recorded, then the job stops
 GPU_BEGIN, GPU_END = "<!-- gpu-results:begin -->", "<!-- gpu-results:end -->"
 SIZES = {  # GPT-2 shaped models built from a config
     "tiny": dict(n_embd=64, n_layer=2, n_head=2),
@@ -46,7 +63,55 @@ SIZES = {  # GPT-2 shaped models built from a config
 
 
 # ------------------------------------------------------------------------- worker (trains)
-def worker(args: argparse.Namespace) -> None:
+class Precision:
+    """Runs a module's forward under autocast(dtype) in whatever thread calls it (DataParallel
+    calls each replica's forward in a thread of its own, where an autocast entered by the
+    caller does not apply) and records the dtype of what its `probe` submodule returned."""
+
+    def __init__(self, device_type: str, dtype: Any | None) -> None:
+        self.device_type = device_type
+        self.dtype = dtype  # None: no autocast (fp32)
+        self.ran: set[str] = set()
+        self._local = threading.local()
+
+    def install(self, model: Any, probe: Any) -> None:
+        if self.dtype is not None:
+            model.register_forward_pre_hook(self._enter)
+            model.register_forward_hook(self._exit)
+        probe.register_forward_hook(self._record)
+
+    def _enter(self, _module: Any, _inputs: Any) -> None:
+        import torch
+
+        context = torch.autocast(self.device_type, dtype=self.dtype)
+        context.__enter__()
+        self._local.__dict__.setdefault("stack", []).append(context)
+
+    def _exit(self, _module: Any, _inputs: Any, _output: Any) -> None:
+        self._local.stack.pop().__exit__(None, None, None)
+
+    def _record(self, _module: Any, _inputs: Any, output: Any) -> None:
+        tensor = output[0] if isinstance(output, tuple) else output
+        self.ran.add(str(tensor.dtype).replace("torch.", ""))
+
+
+def is_oom(error: BaseException) -> bool:
+    return type(error).__name__ == "OutOfMemoryError" or "out of memory" in str(error).lower()
+
+
+def memory(torch: Any, devices: list[int], used: dict[str, int]) -> dict[str, dict[str, int]]:
+    """Per device: peak allocated, peak reserved, peak device used memory (sampled)."""
+    return {
+        str(i): {
+            "allocated": torch.cuda.max_memory_allocated(i),
+            "reserved": torch.cuda.max_memory_reserved(i),
+            "device_used": used.get(str(i), 0),
+        }
+        for i in devices
+    }
+
+
+def worker(args: argparse.Namespace) -> int:
     import torch
     from transformers import (
         GPT2Config,
@@ -68,24 +133,31 @@ def worker(args: argparse.Namespace) -> None:
             return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
     class Clock(TrainerCallback):
-        def __init__(self) -> None:
+        def __init__(self, devices: list[int]) -> None:
             self.times: dict[int, float] = {}
+            self.devices = devices
+            self.used: dict[str, int] = {}
 
         def on_step_end(self, _args, state, _control, **_kwargs) -> None:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
+                for i in self.devices:  # the device's own view: context, NCCL, allocator
+                    free, total = torch.cuda.mem_get_info(i)
+                    self.used[str(i)] = max(self.used.get(str(i), 0), total - free)
             self.times[state.global_step] = time.time()
 
     config = GPT2Config(n_positions=max(1024, args.seq_len), **SIZES[args.size])
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config)
     bf16 = args.device == "cuda" and torch.cuda.is_bf16_supported() and not args.fp32
+    precision = Precision(args.device, torch.bfloat16 if bf16 else None)
+    precision.install(model, model.lm_head)
     training_args = TrainingArguments(
         output_dir=os.path.join(tempfile.gettempdir(), "gpu-bench-trainer"),
         max_steps=args.steps,
         per_device_train_batch_size=args.batch_size,
         learning_rate=1e-4,
-        bf16=bf16,
+        bf16=False,  # autocast is ours (Precision), the same in both variants
         report_to=[],
         logging_steps=10**6,
         save_strategy="no",
@@ -94,27 +166,32 @@ def worker(args: argparse.Namespace) -> None:
         ddp_find_unused_parameters=False,
         seed=0,
     )
-    clock = Clock()
-    global_batch = training_args.train_batch_size * training_args.world_size
-    data = Tokens(global_batch * (args.steps + 1))
-    trainer = Trainer(model=model, args=training_args, train_dataset=data, callbacks=[clock])
-    if torch.cuda.is_available():
-        for index in range(torch.cuda.device_count()):
-            torch.cuda.reset_peak_memory_stats(index)
-    trainer.train()
-
-    last = max(clock.times)
-    first = min(args.warmup, last - 1)
-    rate = (last - first) * global_batch / (clock.times[last] - clock.times[first])
-    rank = training_args.process_index
-    peaks = {}
+    devices: list[int] = []
     if torch.cuda.is_available():
         # DataParallel: one process sees every GPU; DDP: each rank reports its own device
         if training_args.world_size == 1:
             devices = list(range(torch.cuda.device_count()))
         else:
             devices = [training_args.device.index or 0]
-        peaks = {str(i): torch.cuda.max_memory_allocated(i) for i in devices}
+    clock = Clock(devices)
+    global_batch = training_args.train_batch_size * training_args.world_size
+    data = Tokens(global_batch * (args.steps + 1))
+    trainer = Trainer(model=model, args=training_args, train_dataset=data, callbacks=[clock])
+    for index in devices:
+        torch.cuda.reset_peak_memory_stats(index)
+    oom = None
+    try:
+        trainer.train()
+    except Exception as error:  # the seed's point: DataParallel runs GPU 0 out of memory
+        if not is_oom(error):
+            raise
+        oom = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
+    rate = None
+    if oom is None:
+        last = max(clock.times)
+        first = min(args.warmup, last - 1)
+        rate = (last - first) * global_batch / (clock.times[last] - clock.times[first])
+    rank = training_args.process_index
     record = {
         "rank": rank,
         "world_size": training_args.world_size,
@@ -123,13 +200,17 @@ def worker(args: argparse.Namespace) -> None:
         "model_wrapper": type(trainer.model_wrapped).__name__,
         "global_batch": global_batch,
         "samples_per_second": rate,
-        "peak_bytes": peaks,
-        "bf16": bf16,
+        "memory": memory(torch, devices, clock.used) if devices else {},
+        "precision_requested": "bf16" if bf16 else "fp32",
+        "dtype_ran": sorted(precision.ran),
+        "oom": oom,
+        "env": {name: os.environ.get(name) for name in ENV_RECORDED},
     }
     out = Path(args.result_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.label}-rank{rank}.json").write_text(json.dumps(record))
     print(f"[{args.label} rank {rank}] {json.dumps(record)}", flush=True)
+    return OOM_EXIT if oom else 0
 
 
 # ------------------------------------------------------------------- orchestrator (compares)
@@ -146,7 +227,7 @@ def gpu_facts() -> dict[str, str]:
     rows = [r.strip() for r in out.splitlines() if r.strip()]
     return {
         "gpus": f"{len(rows)} x {rows[0]}" if rows else "none",
-        "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
 
 
@@ -177,33 +258,52 @@ def run_variant(label: str, args: argparse.Namespace, n_devices: int, result_dir
     print(f"$ {' '.join(command)}", flush=True)
     done = subprocess.run(command, env=env, timeout=args.timeout)
     records = [json.loads(p.read_text()) for p in sorted(result_dir.glob(f"{label}-rank*.json"))]
-    if done.returncode or not records:
-        raise SystemExit(f"{label} failed (exit {done.returncode})")
-    peaks: dict[str, int] = {}
+    launcher = command[0] if label == "ddp" else "python (one process)"
+    return collect(label, launcher, done.returncode, records)
+
+
+def collect(label: str, launcher: str, returncode: int, records: list[dict]) -> dict:
+    """One variant's result from its ranks' records; an out-of-memory run is a result."""
+    oom = next((r["oom"] for r in records if r.get("oom")), None)
+    if (returncode and not oom) or not records:
+        raise SystemExit(f"{label} failed (exit {returncode})")
+    memory: dict[str, dict[str, int]] = {}
     for record in records:
-        peaks.update(record["peak_bytes"])
-    rank0 = next(r for r in records if r["rank"] == 0)
+        memory.update(record["memory"])
+    rank0 = min(records, key=lambda r: r["rank"])
     return {
         "label": label,
-        "launcher": command[0] if label == "ddp" else "python (one process)",
-        "samples_per_second": rank0["samples_per_second"],
-        "peaks": [peaks[k] for k in sorted(peaks, key=int)],
+        "launcher": launcher,
+        "samples_per_second": None if oom else rank0["samples_per_second"],
+        "oom": oom,
+        "memory": [memory[k] for k in sorted(memory, key=int)],
         "wrapper": rank0["model_wrapper"],
         "parallel_mode": rank0["parallel_mode"],
         "world_size": rank0["world_size"],
         "global_batch": rank0["global_batch"],
-        "bf16": rank0["bf16"],
+        "precision_requested": rank0["precision_requested"],
+        "dtype_ran": sorted({d for r in records for d in r["dtype_ran"]}),
+        "env": rank0["env"],
     }
 
 
 def summarise(runs: list[dict], label: str) -> dict:
     mine = [r for r in runs if r["label"] == label]
-    rates = [r["samples_per_second"] for r in mine]
-    peaks = [max(col) for col in zip(*(r["peaks"] for r in mine), strict=True)] if mine else []
+    rates = [r["samples_per_second"] for r in mine if r["samples_per_second"] is not None]
+    columns = [list(col) for col in zip(*(r["memory"] for r in mine), strict=True)] if mine else []
+
+    def peak(kind: str) -> list[int]:
+        return [max(m[kind] for m in column) for column in columns]
+
+    allocated = peak("allocated")
     return {
         "rates": rates,
-        "peaks": peaks,
-        "imbalance": (max(peaks) / min(peaks)) if peaks and min(peaks) else None,
+        "ooms": [r["oom"] for r in mine if r.get("oom")],
+        "allocated": allocated,
+        "reserved": peak("reserved"),
+        "device_used": peak("device_used"),
+        "imbalance": (max(allocated) / min(allocated)) if allocated and min(allocated) else None,
+        "dtypes": sorted({d for r in mine for d in r["dtype_ran"]}),
         "first": mine[0] if mine else {},
     }
 
@@ -214,18 +314,28 @@ def report(runs: list[dict], args: argparse.Namespace, n_devices: int, facts: di
 
     def rate(s: dict) -> str:
         r = s["rates"]
-        med = statistics.median(r)
-        return f"{med:.1f}" + (f" ({min(r):.1f}-{max(r):.1f})" if len(r) > 1 else "")
+        if not r:
+            return "out of memory"
+        text = f"{statistics.median(r):.1f}" + (
+            f" ({min(r):.1f}-{max(r):.1f})" if len(r) > 1 else ""
+        )
+        return text + (f"; OOM in {len(s['ooms'])} run(s)" if s["ooms"] else "")
 
-    def mem(s: dict) -> str:
-        if not s["peaks"]:
+    def mem(s: dict, kind: str) -> str:
+        if not s[kind]:
             return "n/a (no GPU)"
-        return " / ".join(f"{p / gib:.2f}" for p in s["peaks"])
+        return " / ".join(f"{p / gib:.2f}" for p in s[kind])
 
     def imbalance(s: dict) -> str:
         return f"{s['imbalance']:.2f}" if s["imbalance"] else "n/a"
 
-    ratio = statistics.median(ddp["rates"]) / statistics.median(dp["rates"])
+    def row(name: str, s: dict) -> str:
+        return (
+            f"| {name} | {s['first'].get('wrapper')} | {', '.join(s['dtypes']) or '-'} | "
+            f"{rate(s)} | {mem(s, 'allocated')} | {mem(s, 'reserved')} | "
+            f"{mem(s, 'device_used')} | {imbalance(s)} |"
+        )
+
     launcher = ddp["first"].get("launcher", "")
     ddp_name = "ours (DDP)" if launcher == "container-entry" else "torchrun DDP (not in our image)"
     lines = [
@@ -233,21 +343,32 @@ def report(runs: list[dict], args: argparse.Namespace, n_devices: int, facts: di
         "## GPU: DataParallel (the incumbent's default) against our DDP launch",
         "",
         f"Generated by `python scripts/gpu_benchmark.py {' '.join(sys.argv[1:])}` on "
-        f"{facts['date']}; GPUs: {facts['gpus']}; device `{args.device}`.",
+        f"{facts['date']}; GPUs: {facts['gpus']}; device `{args.device}`; image "
+        f"`{os.environ.get('CONTAINER_ENTRY_IMAGE', IMAGE)}`.",
         f"Model: GPT-2 `{args.size}` from its config, sequence {args.seq_len}, "
         f"{args.batch_size} per GPU (global batch {ddp['first'].get('global_batch')}), "
-        f"{'bf16' if ddp['first'].get('bf16') else 'fp32'}, {args.steps} steps, rate from step "
-        f"{args.warmup}; {args.rounds} round(s) in alternation (median (min-max)).",
+        f"{ddp['first'].get('precision_requested')} requested in both (dtype that ran: "
+        "column 3, from a forward hook), "
+        f"{args.steps} steps, rate from step {args.warmup}; {args.rounds} round(s) in "
+        "alternation (median (min-max)).",
         "",
-        "| launch | model wrapper | samples/s | peak memory per GPU (GiB) | max/min |",
-        "|---|---|---|---|---|",
-        f"| incumbent default: one process, HF Trainer | {dp['first'].get('wrapper')} | "
-        f"{rate(dp)} | {mem(dp)} | {imbalance(dp)} |",
-        f"| {ddp_name}: one process per GPU | {ddp['first'].get('wrapper')} | {rate(ddp)} | "
-        f"{mem(ddp)} | {imbalance(ddp)} |",
+        "| launch | model wrapper | dtype ran | samples/s | peak allocated per GPU (GiB) | "
+        "peak reserved (GiB) | device used (GiB) | allocated max/min |",
+        "|---|---|---|---|---|---|---|---|",
+        row("incumbent default: one process, HF Trainer", dp),
+        row(f"{ddp_name}: one process per GPU", ddp),
         "",
-        f"DDP ÷ DataParallel samples/s: {ratio:.2f}.".replace("÷", "/"),
     ]
+    if dp["rates"] and ddp["rates"]:
+        ratio = statistics.median(ddp["rates"]) / statistics.median(dp["rates"])
+        lines.append(f"DDP / DataParallel samples/s: {ratio:.2f}.")
+    for s, name in ((dp, "DataParallel"), (ddp, "DDP")):
+        for oom in s["ooms"][:1]:
+            lines.append(f"{name} ran out of memory: `{oom}`.")
+    if dp["first"].get("env") != ddp["first"].get("env"):
+        lines.append(
+            f"Environments differed: {dp['first'].get('env')} / {ddp['first'].get('env')}."
+        )
     if n_devices < 2:
         lines.append(
             "With 1 device both launches are one process on one device (no DataParallel "
@@ -291,8 +412,7 @@ def main() -> int:
     if args.device == "cpu" and not args.worker:
         args.seq_len = min(args.seq_len, 64)
     if args.worker:
-        worker(args)
-        return 0
+        return worker(args)
 
     if args.device == "cuda":
         import torch

@@ -3,9 +3,9 @@
 Each container gets its own /opt/ml tree (resourceconfig.json, hyperparameters.json,
 inputdataconfig.json, channels) bind-mounted, is reachable by its algo-N name as a network
 alias (its own hostname stays docker's random one, as on SageMaker), and runs `train`.
-Used by `make demo` and the docker tests.
+Used by `make demo`, `make bench` (scripts/bench) and the docker tests.
 
-    python scripts/local_cluster.py --image IMAGE --hosts 2 --script examples/hf_trainer_tiny.py
+    python -m scripts.local_cluster --image IMAGE --hosts 2 --script examples/hf_trainer_tiny.py
 """
 
 from __future__ import annotations
@@ -21,6 +21,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import requests
+import urllib3
 
 import docker
 
@@ -146,8 +149,10 @@ class Cluster:
             remaining = max(1.0, timeout - (time.monotonic() - self.started))
             try:
                 status = container.wait(timeout=remaining)["StatusCode"]
-            except Exception:  # requests' ReadTimeout: the host hung
-                container.kill()
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError) as error:
+                if not _read_timed_out(error):
+                    raise
+                container.kill()  # the host hung
                 status = -1
             container.reload()
             finished = container.attrs["State"].get("FinishedAt", "")
@@ -178,6 +183,14 @@ class Cluster:
             return self.wait(timeout)
         finally:
             self.cleanup()
+
+
+def _read_timed_out(error: requests.exceptions.RequestException) -> bool:
+    """Whether docker-py's wait gave up: requests raises ReadTimeout over TCP, but over the
+    engine's unix socket a ConnectionError that wraps urllib3's ReadTimeoutError."""
+    return isinstance(error, requests.exceptions.ReadTimeout) or any(
+        isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in error.args
+    )
 
 
 def _stream(host: str, container: Any) -> None:

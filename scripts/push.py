@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Tag the built image and push it to Amazon ECR or any other registry; log in for the base.
 
-    push.py push --image container-entry:0.1.0 --version 0.1.0 --revision 39844fc
-                 [--repository container-entry] [--registry HOST[:PORT]] [--moving-tag latest]
-                 [--uri-file build/image-uri.txt]
-    push.py login-base --base-image <BASE_IMAGE>
-    push.py should-push            (CodeBuild: exit 0 when this build's ref is pushed)
+    python -m scripts.push push --image container-entry:0.1.0 --version 0.1.0 --revision 39844fc
+        [--repository container-entry] [--registry HOST[:PORT]] [--moving-tag latest]
+        [--uri-file build/image-uri.txt]
+    python -m scripts.push login-base --base-image <BASE_IMAGE>
+    python -m scripts.push should-push   (CodeBuild: exit 0 when this build's ref is pushed)
+
+It imports nothing from this repository, so `python scripts/push.py ...` works as well (the
+buildspec runs it so).
 
 `make push` and `make login-base` call it (see `make help`); the buildspec calls `should-push`.
 
@@ -13,7 +16,8 @@ push, ECR (no --registry): the repository is created when missing (scan on push;
 immutable except the moving tag), docker logs in with a token from the ECR API, and the image
 is pushed as <revision>, <version> and the moving tag. An immutable tag that ECR already holds
 is kept, not pushed again (a version is published once). The last line printed (stdout) is
-<repository>@sha256:<digest>, the value to paste as `image_uri`.
+<repository>@sha256:<digest>, the value to paste as `image_uri`: the digest docker recorded
+for that repository when it pushed (the image's RepoDigests).
 
 push, any other registry (--registry): the same tags and output; no ECR calls, so log in
 first (`docker login HOST`) if the registry wants credentials.
@@ -37,6 +41,7 @@ from __future__ import annotations
 import argparse
 import base64
 import fnmatch
+import json
 import os
 import re
 import subprocess
@@ -51,7 +56,6 @@ ECR_HOST = re.compile(
 TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 REPOSITORY = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
 REGISTRY = re.compile(r"^[A-Za-z0-9.-]+(?::[0-9]{1,5})?$")
-DIGEST = re.compile(r"digest: (sha256:[0-9a-f]{64})")
 OVERRIDE_VARIABLE = "ECR_REGISTRY_OVERRIDE"
 CREDENTIALS_HINT = (
     "set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run with an "
@@ -94,8 +98,8 @@ def docker_login(host: str, username: str, password: str) -> None:
     note(f"docker logged in to {host}")
 
 
-def docker_push(reference: str) -> str:
-    """Push one tag, docker's progress to stderr; return the manifest digest."""
+def docker_push(reference: str) -> None:
+    """Push one tag, docker's progress to stderr."""
     process = subprocess.Popen(
         ["docker", "push", reference],
         stdout=subprocess.PIPE,
@@ -113,10 +117,26 @@ def docker_push(reference: str) -> str:
         if re.search(r"unauthorized|authentication required|no basic auth", output, re.I):
             hint = f" (log in first: docker login {reference.split('/', 1)[0]})"
         raise PushError(f"docker push {reference} failed: {last_line(output)}{hint}")
-    digests = DIGEST.findall("\n".join(lines))
-    if not digests:
-        raise PushError(f"docker push {reference} printed no digest")
-    return digests[-1]
+
+
+def repo_digests(image: str) -> list[str]:
+    """The image's RepoDigests: `repository@sha256:...` for each repository docker has pushed
+    it to or pulled it from."""
+    result = docker("image", "inspect", "--format", "{{json .RepoDigests}}", image)
+    if result.returncode != 0:
+        raise PushError(f"docker image inspect {image} failed: {last_line(result.stderr)}")
+    return json.loads(result.stdout) or []
+
+
+def pushed_digest(target: str, after: Iterable[str], before: Iterable[str] = ()) -> str:
+    """The digest docker recorded for the repository `target` (RepoDigests `after` the push);
+    where it holds more than one for it, the one the push added to those `before`."""
+    found = [entry for entry in after if entry.rpartition("@")[0] == target]
+    if len(found) > 1:
+        found = sorted(set(found) - set(before))
+    if len(found) != 1:
+        raise PushError(f"cannot tell the digest docker pushed to {target} from {found}")
+    return found[0].rpartition("@")[2]
 
 
 def last_line(text: str) -> str:
@@ -149,6 +169,16 @@ def aws(what: str, call: Callable[..., Any], **kwargs: Any) -> Any:
         raise PushError(f"{what}: {code}: {info.get('Message')}", code) from error
     except BotoCoreError as error:
         raise PushError(f"{what}: {error}") from error
+
+
+def aws_unless(absent: str, what: str, call: Callable[..., Any], **kwargs: Any) -> Any:
+    """`aws()`, but None when the call fails with the error code `absent`."""
+    try:
+        return aws(what, call, **kwargs)
+    except PushError as error:
+        if error.code == absent:
+            return None
+        raise
 
 
 def ecr_client(region: str | None = None) -> Any:
@@ -204,30 +234,42 @@ def creation_settings(moving_tag: str) -> dict[str, Any]:
     }
 
 
+def find_repository(ecr: Any, name: str) -> dict[str, Any] | None:
+    found = aws_unless(
+        "RepositoryNotFoundException",
+        f"ECR repository {name}",
+        ecr.describe_repositories,
+        repositoryNames=[name],
+    )
+    return found["repositories"][0] if found else None
+
+
+def create_repository(ecr: Any, name: str, moving_tag: str) -> dict[str, Any] | None:
+    """The new repository (creation_settings()); None if it exists (a concurrent run)."""
+    created = aws_unless(
+        "RepositoryAlreadyExistsException",
+        f"creating ECR repository {name}",
+        ecr.create_repository,
+        repositoryName=name,
+        **creation_settings(moving_tag),
+    )
+    return created["repository"] if created else None
+
+
 def ensure_repository(ecr: Any, name: str, moving_tag: str) -> dict[str, Any]:
+    """The ECR repository `name`, created when missing; an existing one is left as it is."""
     what = f"ECR repository {name}"
-    try:
-        repository = aws(what, ecr.describe_repositories, repositoryNames=[name])
-        repository = repository["repositories"][0]
-    except PushError as error:
-        if error.code != "RepositoryNotFoundException":
-            raise
-        settings = creation_settings(moving_tag)
-        try:
-            repository = aws(
-                f"creating {what}", ecr.create_repository, repositoryName=name, **settings
-            )["repository"]
-        except PushError as create_error:  # created meanwhile by a concurrent run
-            if create_error.code != "RepositoryAlreadyExistsException":
-                raise
-            repository = aws(what, ecr.describe_repositories, repositoryNames=[name])
-            repository = repository["repositories"][0]
-        else:
-            note(
-                f"created {what}: scan on push, tags immutable except {moving_tag!r} "
-                f"({repository['repositoryUri']})"
-            )
-            return repository
+    existing = find_repository(ecr, name)
+    created = None if existing else create_repository(ecr, name, moving_tag)
+    if created:
+        note(
+            f"created {what}: scan on push, tags immutable except {moving_tag!r} "
+            f"({created['repositoryUri']})"
+        )
+        return created
+    repository = existing or find_repository(ecr, name)  # a concurrent run created it
+    if repository is None:
+        raise PushError(f"{what}: neither found nor created (deleted meanwhile?)")
     scan = repository.get("imageScanningConfiguration", {}).get("scanOnPush")
     note(
         f"{what} exists ({repository['repositoryUri']}; scan on push: {scan}, "
@@ -237,20 +279,15 @@ def ensure_repository(ecr: Any, name: str, moving_tag: str) -> dict[str, Any]:
 
 
 def ecr_tag_digest(ecr: Any, repository: Mapping[str, Any], tag: str) -> str | None:
-    what = f"looking up tag {tag} in ECR repository {repository['repositoryName']}"
-    try:
-        images = aws(
-            what,
-            ecr.describe_images,
-            registryId=repository["registryId"],
-            repositoryName=repository["repositoryName"],
-            imageIds=[{"imageTag": tag}],
-        )
-    except PushError as error:
-        if error.code == "ImageNotFoundException":
-            return None
-        raise
-    details = images.get("imageDetails", [])
+    images = aws_unless(
+        "ImageNotFoundException",
+        f"looking up tag {tag} in ECR repository {repository['repositoryName']}",
+        ecr.describe_images,
+        registryId=repository["registryId"],
+        repositoryName=repository["repositoryName"],
+        imageIds=[{"imageTag": tag}],
+    )
+    details = images.get("imageDetails", []) if images else []
     return details[0]["imageDigest"] if details else None
 
 
@@ -270,6 +307,7 @@ def tags_for(version: str, revision: str, moving_tag: str) -> list[str]:
 
 
 def push(
+    *,
     image: str,
     repository: str,
     registry: str,
@@ -303,7 +341,8 @@ def push(
                 if existing:
                     keep[tag] = existing
 
-    digests = {}
+    before = repo_digests(image)
+    pushed = []
     for tag in tags:
         if tag in keep:
             note(f"tag {tag} already holds {keep[tag]} and is immutable: kept, not pushed")
@@ -313,16 +352,15 @@ def push(
         if tagged.returncode != 0:
             raise PushError(f"docker tag {image} {reference} failed: {last_line(tagged.stderr)}")
         note(f"pushing {reference}")
-        digests[tag] = docker_push(reference)
-    if not digests:
+        docker_push(reference)
+        pushed.append(tag)
+    if not pushed:
         raise PushError(
             f"nothing pushed: every tag ({', '.join(tags)}) already exists in {target} and is "
             "immutable; bump the version or use a new commit"
         )
-    if len(set(digests.values())) != 1:
-        raise PushError(f"the tags were pushed with different digests: {digests}")
-    digest = next(iter(digests.values()))
-    note(f"pushed {', '.join(digests)} -> {digest}")
+    digest = pushed_digest(target, repo_digests(image), before)
+    note(f"pushed {', '.join(pushed)} -> {digest}")
     return f"{target}@{digest}"
 
 
@@ -396,14 +434,10 @@ def main(argv: Iterable[str] | None = None) -> int:
     try:
         if args.command == "push":
             uri = push(
-                args.image,
-                args.repository,
-                args.registry,
-                args.version,
-                args.revision,
-                args.moving_tag,
-                environ,
-            )
+                image=args.image, repository=args.repository, registry=args.registry,
+                version=args.version, revision=args.revision, moving_tag=args.moving_tag,
+                environ=environ,
+            )  # fmt: skip
             if args.uri_file:
                 args.uri_file.parent.mkdir(parents=True, exist_ok=True)
                 args.uri_file.write_text(uri + "\n")

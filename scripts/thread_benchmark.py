@@ -1,8 +1,8 @@
 """Steps per second of the CPU HF Trainer job: our OMP_NUM_THREADS default against torchrun's.
 
 torchrun sets OMP_NUM_THREADS=1 for every worker when the user did not; the bootstrap sets it
-to the host's cores divided by the workers per host instead (container_entry/fabric.py). Both
-variants run the real bootstrap (`python -m container_entry train`) on this host, one CPU
+to the host's cores divided by the workers per host instead (container_entry/worker_defaults.py).
+Both variants run the real bootstrap (`python -m container_entry train`) on this host, one CPU
 worker as on a CPU instance, the same script and data, in alternation for several rounds:
 
   ours      nothing set: the bootstrap's default (cores / workers)
@@ -11,7 +11,17 @@ worker as on a CPU instance, the same script and data, in alternation for severa
 The figure is the HF Trainer's own train_steps_per_second (examples/hf_trainer_tiny.py records
 it), compared as a ratio of medians within one run. Results: docs/thread-benchmark.md.
 
-    python scripts/thread_benchmark.py [--rounds 3] [--batch-sizes 8,64] [--epochs 2]
+`--shared-image IMAGE` measures instead hosts that share one machine (SageMaker local mode
+with instance_count=2): a 2-host cluster of containers of IMAGE on this machine
+(scripts/local_cluster.py), one worker each, the same job under
+
+  ours        nothing set: the bootstrap divides this machine's cores among the workers of
+              every host on it (they exchange kernel boot ids at the join)
+  per-host    OMP_NUM_THREADS = this machine's cores per container, what each host chose on
+              its own before (every host sizing its threads as if alone)
+
+    python -m scripts.thread_benchmark [--rounds 3] [--batch-sizes 8,64] [--epochs 2]
+    python -m scripts.thread_benchmark --shared-image container-entry:test [--rounds 3]
 """
 
 from __future__ import annotations
@@ -65,6 +75,87 @@ def run_once(extra: dict[str, str], batch: int, epochs: int) -> float:
         return float(summary["train_steps_per_second"])
 
 
+SHARED_HEADING = "## Hosts that share one machine"
+SHARED_BEGIN, SHARED_END = "<!-- generated: shared machine -->", "<!-- end generated -->"
+
+
+def shared_once(image: str, extra: dict[str, str], batch: int, epochs: int) -> tuple[float, str]:
+    """One 2-host job on this machine: rank 0's steps/s and the OMP_NUM_THREADS it ran with."""
+    from scripts.local_cluster import Cluster
+
+    with tempfile.TemporaryDirectory(prefix="threads-shared-") as tmp:
+        cluster = Cluster(
+            image=image,
+            root=Path(tmp),
+            hyperparameters={
+                "sagemaker_program": '"hf_trainer_tiny.py"',
+                "epochs": str(epochs),
+                "per-device-train-batch-size": str(batch),
+            },
+            environment={
+                "PET_NPROC_PER_NODE": "1",
+                "CONTAINER_ENTRY_PREFLIGHT": "false",
+                **extra,
+            },
+            code={"hf_trainer_tiny.py": SCRIPT.read_bytes()},
+        )
+        results = cluster.run(timeout=600)
+        if any(r.exit_code for r in results):
+            raise SystemExit("job failed:\n" + "\n".join(r.logs[-2000:] for r in results))
+        out = cluster.tree("algo-1") / "output" / "data"
+        summary = json.loads(next(out.rglob("rank-0.json")).read_text())
+        chosen = extra.get("OMP_NUM_THREADS") or next(
+            (line.split("OMP_NUM_THREADS=")[1].split(":")[0] for line in
+             results[0].logs.splitlines() if "OMP_NUM_THREADS=" in line), "?"
+        )  # fmt: skip
+        return float(summary["train_steps_per_second"]), chosen
+
+
+def shared_machine(image: str, rounds: int, batches: list[int], epochs: int, out: Path | None):
+    cores = str(os.cpu_count())
+    variants = {"ours": {}, "per-host": {"OMP_NUM_THREADS": cores}}
+    results = {b: {n: [] for n in variants} for b in batches}
+    chosen: dict[str, str] = {}
+    for round_no in range(rounds):
+        for batch in batches:
+            order = list(variants) if round_no % 2 == 0 else list(reversed(variants))
+            for name in order:
+                steps, chosen[name] = shared_once(image, variants[name], batch, epochs)
+                results[batch][name].append(steps)
+                print(f"round {round_no + 1} batch {batch:>3} {name:<8} {steps:7.2f} steps/s "
+                      f"(OMP_NUM_THREADS={chosen[name]})", flush=True)  # fmt: skip
+    rows = [
+        "| per-device batch | ours: OMP_NUM_THREADS | per host alone: OMP_NUM_THREADS | "
+        "steps/s ours | steps/s per host alone | ours / per host alone |",
+        "|---|---|---|---|---|---|",
+    ]
+    for batch in batches:
+        ours, alone = (statistics.median(results[batch][n]) for n in variants)
+        rows.append(f"| {batch} | {chosen['ours']} | {cores} | {ours:.2f} | {alone:.2f} | "
+                    f"{ours / alone:.2f}x |")  # fmt: skip
+    block = "\n".join([
+        f"Generated by `python -m scripts.thread_benchmark --shared-image {image}` on "
+        f"{dt.date.today()}, {cores} CPUs: 2 hosts (containers) on this one machine, 1 worker "
+        f"each, {rounds} rounds in alternation, {epochs} epochs; medians of rank 0's "
+        "`train_steps_per_second`.",
+        "",
+        *rows,
+        "",
+        "Every round: " + "; ".join(
+            f"batch {b}: ours {', '.join(f'{x:.2f}' for x in results[b]['ours'])}, per host "
+            f"alone {', '.join(f'{x:.2f}' for x in results[b]['per-host'])}" for b in batches
+        ),
+    ])  # fmt: skip
+    print(block)
+    if out is not None:
+        page = out.read_text()
+        head, rest = page.split(SHARED_BEGIN, 1)
+        _, tail = rest.split(SHARED_END, 1)
+        out.write_text(f"{head}{SHARED_BEGIN}\n{block}\n{SHARED_END}{tail}")
+        print(f"wrote {out}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -72,8 +163,12 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=DOCS)
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--shared-image", help="hosts sharing this machine, in this image")
     args = parser.parse_args()
     batches = [int(b) for b in args.batch_sizes.split(",")]
+    if args.shared_image:
+        out = None if args.no_write else args.out
+        return shared_machine(args.shared_image, args.rounds, batches, args.epochs, out)
 
     with tempfile.TemporaryDirectory() as tmp:
         threads = {name: threads_in_plan(extra, Path(tmp)) for name, extra in VARIANTS.items()}
@@ -131,7 +226,9 @@ def main() -> int:
             "",
         ]
     )
-    args.out.write_text(page)
+    previous = args.out.read_text() if args.out.exists() else ""
+    shared = previous[previous.index(SHARED_HEADING) :] if SHARED_HEADING in previous else ""
+    args.out.write_text(page + ("\n" + shared if shared else ""))  # keeps the shared section
     print(f"wrote {args.out}")
     return 0
 

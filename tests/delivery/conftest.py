@@ -27,10 +27,21 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import LEAN_BASE, LEAN_IMAGE, unavailable
+
+__all__ = ["LEAN_BASE", "LEAN_IMAGE", "unavailable"]
+STANDIN = LEAN_BASE  # the base the delivery tests build on (tests/delivery/lean-base.Dockerfile)
+
+
+@pytest.fixture(scope="session")
+def image(lean_image) -> str:
+    """Delivery pushes the image built on the lean base: pushing the 8 GB DLC stand-in would
+    cost minutes and test nothing more about delivery."""
+    return lean_image
+
+
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"
-STANDIN = os.environ.get("STANDIN", "container-entry/dlc-standin:latest")
-IMAGE = "container-entry-delivery:test"
 REGION = "us-east-1"
 MANIFEST_TYPES = ", ".join(
     (
@@ -38,12 +49,6 @@ MANIFEST_TYPES = ", ".join(
         "application/vnd.oci.image.manifest.v1+json",
     )
 )
-
-
-def unavailable(message: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(message)
-    pytest.skip(message)
 
 
 def free_port() -> int:
@@ -229,31 +234,6 @@ def untag_references(host: str) -> None:
     tags = [line for line in listed.stdout.splitlines() if line.startswith(f"{host}/")]
     if tags:
         subprocess.run(["docker", "rmi", *tags], capture_output=True, check=False)
-
-
-# --------------------------------------------------------------------------- docker + image
-
-
-@pytest.fixture(scope="session")
-def docker_engine() -> None:
-    if not shutil.which("docker"):
-        unavailable("no docker CLI: run scripts/ensure-docker.sh")
-    info = subprocess.run(["docker", "info"], capture_output=True, text=True, check=False)
-    if info.returncode != 0:
-        unavailable(f"no docker engine ({info.stderr.strip()[-300:]}): scripts/ensure-docker.sh")
-
-
-@pytest.fixture(scope="session")
-def standin(docker_engine) -> str:
-    subprocess.run([str(REPO / "scripts" / "build-standin.sh"), STANDIN], check=True)
-    return STANDIN
-
-
-@pytest.fixture(scope="session")
-def image(standin) -> str:
-    """The product image, built the way a person builds it (make build), on the stand-in."""
-    make("build", f"BASE_IMAGE={standin}", f"IMAGE={IMAGE}", check=True)
-    return IMAGE
 
 
 @pytest.fixture

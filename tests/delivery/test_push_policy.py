@@ -1,20 +1,14 @@
-"""scripts/push.py decisions that need no docker or AWS: which builds push, which tags move."""
+"""scripts/push.py decisions that need no docker or AWS: which builds push, which tags move,
+which repository is used, which digest is printed."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+from typing import Any
 
 import pytest
+from botocore.exceptions import ClientError
 
-from tests.delivery.conftest import REPO
-
-# scripts/ is not a package: load scripts/push.py by path.
-_spec = importlib.util.spec_from_file_location("push_script", REPO / "scripts" / "push.py")
-assert _spec and _spec.loader
-push = importlib.util.module_from_spec(_spec)
-sys.modules["push_script"] = push
-_spec.loader.exec_module(push)
+from scripts import push
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
@@ -110,3 +104,96 @@ def test_registry_override_must_be_a_host():
     assert push.override_host("h", {"ECR_REGISTRY_OVERRIDE": "127.0.0.1:5000"}) == "127.0.0.1:5000"
     with pytest.raises(push.PushError):
         push.override_host("h", {"ECR_REGISTRY_OVERRIDE": "http://x/;"})
+
+
+def test_push_takes_keywords_only():
+    with pytest.raises(TypeError):
+        push.push("image", "repository", "", "0.1.0", "abc1234", "latest", {})  # type: ignore[misc]
+
+
+DIGEST_A, DIGEST_B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+
+
+def test_the_digest_is_the_one_docker_recorded_for_the_target_repository():
+    target = "127.0.0.1:5000/generic/container-entry"
+    after = [f"other.example/container-entry@{DIGEST_B}", f"{target}@{DIGEST_A}"]
+    assert push.pushed_digest(target, after) == DIGEST_A
+    # A repository whose name merely starts with the target's is another repository.
+    assert push.pushed_digest(target, [f"{target}-x@{DIGEST_B}", *after]) == DIGEST_A
+    # Two digests for the target (an older manifest of the same image): the one this push added.
+    both = [f"{target}@{DIGEST_B}", f"{target}@{DIGEST_A}"]
+    assert push.pushed_digest(target, both, before=[f"{target}@{DIGEST_B}"]) == DIGEST_A
+    with pytest.raises(push.PushError, match="cannot tell the digest"):
+        push.pushed_digest(target, both, before=[])
+    with pytest.raises(push.PushError, match="cannot tell the digest"):
+        push.pushed_digest(target, [f"other.example/container-entry@{DIGEST_B}"])
+
+
+class FakeEcr:
+    """describe_repositories/create_repository answering from a dict, as ECR would; `racing`:
+    another run creates the repository between our describe and our create."""
+
+    def __init__(self, repositories: dict[str, dict[str, Any]], racing: bool = False) -> None:
+        self.repositories = repositories
+        self.racing = racing
+        self.created: list[dict[str, Any]] = []
+
+    @staticmethod
+    def _error(code: str, operation: str) -> ClientError:
+        return ClientError({"Error": {"Code": code, "Message": code}}, operation)
+
+    def describe_repositories(self, repositoryNames: list[str]) -> dict[str, Any]:
+        (name,) = repositoryNames
+        if name not in self.repositories:
+            raise self._error("RepositoryNotFoundException", "DescribeRepositories")
+        return {"repositories": [self.repositories[name]]}
+
+    def create_repository(self, repositoryName: str, **settings: Any) -> dict[str, Any]:
+        if self.racing:
+            self.repositories[repositoryName] = repository(repositoryName, "MUTABLE")
+        if repositoryName in self.repositories:
+            raise self._error("RepositoryAlreadyExistsException", "CreateRepository")
+        self.created.append(settings)
+        self.repositories[repositoryName] = {
+            **repository(repositoryName, settings["imageTagMutability"]),
+            **settings,
+        }
+        return {"repository": self.repositories[repositoryName]}
+
+
+def repository(name: str, mutability: str) -> dict[str, Any]:
+    uri = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/{name}"
+    return {"repositoryName": name, "repositoryUri": uri, "imageTagMutability": mutability}
+
+
+def test_a_missing_repository_is_created_scanned_and_immutable(capsys):
+    ecr = FakeEcr({})
+    created = push.ensure_repository(ecr, "container-entry", "latest")
+    assert ecr.created == [push.creation_settings("latest")]
+    assert created["imageTagMutability"] == "IMMUTABLE_WITH_EXCLUSION"
+    assert "created ECR repository container-entry" in capsys.readouterr().err
+
+
+def test_an_existing_repository_is_left_as_it_is(capsys):
+    ecr = FakeEcr({"container-entry": repository("container-entry", "MUTABLE")})
+    found = push.ensure_repository(ecr, "container-entry", "latest")
+    assert ecr.created == []
+    assert found["imageTagMutability"] == "MUTABLE"
+    assert "left as it is" in capsys.readouterr().err
+
+
+def test_a_repository_another_run_creates_meanwhile_is_used(capsys):
+    ecr = FakeEcr({}, racing=True)
+    found = push.ensure_repository(ecr, "container-entry", "latest")
+    assert ecr.created == []
+    assert found["repositoryName"] == "container-entry"
+    assert "left as it is" in capsys.readouterr().err
+
+
+def test_other_ecr_errors_name_what_was_being_done():
+    class Denied(FakeEcr):
+        def describe_repositories(self, repositoryNames: list[str]) -> dict[str, Any]:
+            raise self._error("AccessDeniedException", "DescribeRepositories")
+
+    with pytest.raises(push.PushError, match=r"^ECR repository x: AccessDeniedException"):
+        push.ensure_repository(Denied({}), "x", "latest")

@@ -1,72 +1,21 @@
-"""Docker fixtures: a real engine, the real Dockerfile built on the offline DLC stand-in.
-
-In CI (CI=true) a missing engine is a failure, never a skip: .ci/run starts one.
-"""
+"""Docker fixtures beyond the shared ones in tests/conftest.py (engine, stand-in, image)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-STANDIN = os.environ.get("STANDIN", "container-entry/dlc-standin:latest")
-IMAGE = "container-entry:test"
-sys.path.insert(0, str(REPO / "scripts"))
+from tests.conftest import IMAGE, REPO, STANDIN
+
+__all__ = ["IMAGE", "STANDIN"]
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         if "tests/docker/" in str(item.fspath):
             item.add_marker(pytest.mark.docker)
-
-
-@pytest.fixture(scope="session")
-def docker_client():
-    import docker
-
-    try:
-        client = docker.from_env()
-        client.ping()
-    except Exception as error:  # no engine
-        message = f"no docker engine ({error}); run scripts/ensure-docker.sh"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
-    return client
-
-
-@pytest.fixture(scope="session")
-def standin(docker_client) -> str:
-    subprocess.run([str(REPO / "scripts" / "build-standin.sh"), STANDIN], check=True)
-    return STANDIN
-
-
-@pytest.fixture(scope="session")
-def image(standin) -> str:
-    subprocess.run(
-        [
-            "docker",
-            "build",
-            "-q",
-            "-f",
-            "docker/Dockerfile",
-            "--build-arg",
-            f"BASE_IMAGE={standin}",
-            "--build-arg",
-            "REVISION=test",
-            "-t",
-            IMAGE,
-            ".",
-        ],
-        cwd=REPO,
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    return IMAGE
 
 
 @pytest.fixture(scope="session")

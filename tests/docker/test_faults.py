@@ -3,31 +3,35 @@ real hosts (each with its own PID 1 bootstrap, network and /opt/ml)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from datetime import datetime
 
-from local_cluster import Cluster  # scripts/, put on sys.path by conftest
+import pytest
 
+from scripts.local_cluster import Cluster
 from tests.docker.conftest import REPO
 
 FAULT = REPO / "tests" / "scripts" / "fault_probe.py"
+HANG = REPO / "tests" / "scripts" / "hang_probe.py"
 
 
-def cluster(image, root, hyperparameters, **environment):
+def cluster(image, root, hyperparameters, script=FAULT, **environment):
+    """algo-1 and algo-2 running `script` (2 workers each unless `environment` says)."""
     return Cluster(
         image=image,
         root=root,
         hosts=("algo-1", "algo-2"),
-        hyperparameters={"sagemaker_program": '"fault_probe.py"', **hyperparameters},
+        hyperparameters={"sagemaker_program": f'"{script.name}"', **hyperparameters},
         environment={"PET_NPROC_PER_NODE": "2", **environment},
-        code={"fault_probe.py": FAULT.read_bytes()},
+        code={script.name: script.read_bytes()},
     )
 
 
-def finished(result) -> float:
+def finished(finished_at: str) -> float:
     """docker's FinishedAt (nanosecond RFC 3339) as epoch seconds."""
-    stamp = result.finished_at.rstrip("Z")
+    stamp = finished_at.rstrip("Z")
     whole, _, fraction = stamp.partition(".")
     moment = datetime.fromisoformat(whole + "+00:00").timestamp()
     return moment + float("0." + (fraction or "0"))
@@ -50,7 +54,7 @@ def test_rank_failing_on_host_two_ends_both_hosts_within_15_s(image, tmp_path):
         assert first.startswith(
             "rank 3 (local 1) on algo-2: exit code 1: ValueError: planted failure at step 3"
         ), first
-    latency = max(finished(r) for r in results) - record["ended_at"]
+    latency = max(finished(r.finished_at) for r in results) - record["ended_at"]
     assert latency < 15, latency
     print(f"docker: failure on algo-2 -> both containers exited: {latency:.1f} s")
 
@@ -85,3 +89,67 @@ def test_docker_stop_signals_every_rank_and_keeps_the_checkpoint(image, tmp_path
         assert (result.tree / "output/failure").read_text().startswith("job stopped by SIGTERM")
     assert len(latencies) == 4 and max(latencies) < 1.0, latencies
     print(f"docker stop -> every rank signalled: {max(latencies) * 1000:.0f} ms")
+
+
+def test_a_rank_blocked_on_host_two_is_a_hang_on_both_hosts(image, tmp_path):
+    """HANG_TIMEOUT in the 2-container cluster: rank 3 (algo-2) stops printing forever while
+    ranks 0-2 wait for it in an all_reduce; both containers exit 124 naming where each of
+    their ranks was, on torch 2.9's bootstrap-delivered teardown."""
+    timeout = 8
+    hps = {"mode": '"collective"', "rank": "3", "container_entry_hang_timeout": str(timeout)}
+    job = cluster(image, tmp_path, hps, script=HANG)
+    results = job.run(timeout=300)
+    logs = "\n".join(f"--- {r.host}\n{r.logs[-2500:]}" for r in results)
+    assert [r.exit_code for r in results] == [124, 124], logs
+    texts = [(r.tree / "output" / "failure").read_text() for r in results]
+    for text in texts:
+        assert text.startswith(f"hung: no output from any rank on any host for {timeout} s\n"), text
+    assert "rank 3 was at hang_probe.py:" in texts[1] and "in quiet_forever" in texts[1]
+    assert "rank 0 was at hang_probe.py:" in texts[0]
+
+
+@pytest.mark.parametrize("fault", ["kill", "pause", "disconnect"])
+def test_a_host_that_dies_freezes_or_drops_off_the_network_is_named_by_the_other(
+    image, tmp_path, fault
+):
+    """Liveness between 2 real containers: algo-2's container is killed (`docker kill`: the
+    host dies), frozen (`docker pause`: every process stopped, as SIGSTOP) or cut off
+    (`docker network disconnect`). The ranks print without any collective meanwhile, so only
+    the side channel's heartbeats can tell; algo-1 must stop, naming algo-2, within the bound
+    the README states (noticed within 12 s; exited after the failure grace period)."""
+    hps = {"mode": '"steady"', "seconds": "600", "every": "0.5"}
+    job = cluster(
+        image, tmp_path, hps, script=HANG, PET_NPROC_PER_NODE="1", CONTAINER_ENTRY_PREFLIGHT="false"
+    )
+    try:
+        job.start()
+        containers = dict(job.containers)
+        logs = [job.tree(h) / "output/data/container-entry/logs/rank-0.log" for h in ("algo-1",)]
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not all(
+            p.exists() and "still working" in p.read_text() for p in logs
+        ):
+            time.sleep(0.2)
+        faulted = time.time()
+        victim = containers["algo-2"]
+        if fault == "kill":
+            victim.kill()
+        elif fault == "pause":
+            victim.pause()
+        else:
+            job.network.disconnect(victim)
+        survivor = containers["algo-1"]
+        status = survivor.wait(timeout=60)["StatusCode"]
+        survivor.reload()
+        exited = finished(survivor.attrs["State"]["FinishedAt"]) - faulted
+        output = survivor.logs().decode(errors="replace")
+    finally:
+        if fault == "pause":
+            with contextlib.suppress(Exception):
+                dict(job.containers)["algo-2"].unpause()
+        job.cleanup()
+    first = (job.tree("algo-1") / "output" / "failure").read_text().splitlines()[0]
+    print(f"docker {fault} algo-2: algo-1 exited {exited:.1f} s later: {first}")
+    assert status == 1, output[-3000:]
+    assert "algo-2" in first, first
+    assert exited <= 12 + 5 + 6, (exited, output[-3000:])

@@ -6,8 +6,7 @@ import json
 import math
 import subprocess
 
-from local_cluster import Cluster  # scripts/, put on sys.path by conftest
-
+from scripts.local_cluster import Cluster
 from tests.docker.conftest import REPO
 
 TRAINER = REPO / "examples" / "hf_trainer_tiny.py"
@@ -86,7 +85,7 @@ def test_no_arguments_and_passthrough_commands(image):
     shell = docker_run(image, "bash", "-c", 'echo "$0"', "literal $(id)")
     assert shell.stdout.strip() == "literal $(id)"
     plan = docker_run("-e", "SAGEMAKER_PROGRAM=x.py", image, "plan")
-    assert json.loads(plan.stdout)["mode"] == "local"
+    assert json.loads(plan.stdout)["topology"]["source"] == "local"
 
 
 def test_derived_image_runs_with_no_arguments(image, tmp_path):
@@ -112,8 +111,52 @@ def test_image_labels_and_layers(image, standin, docker_client):
     ours = docker_client.images.get(image)
     labels = ours.labels
     assert labels["org.opencontainers.image.base.name"] == standin
-    assert labels["org.opencontainers.image.revision"] == "test"
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert labels["org.opencontainers.image.revision"] == head  # `make build`'s default
     assert labels["org.opencontainers.image.version"]
     assert ours.attrs["Config"]["Entrypoint"] == ["container-entry"]
     added = ours.attrs["Size"] - docker_client.images.get(standin).attrs["Size"]
     assert added < 5_000_000, f"our layers add {added} bytes"
+
+
+SHM_FILLER = """
+import os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+# what DataLoader workers and NCCL do: put tensors in /dev/shm; 96 MiB per rank
+path = f"/dev/shm/filler-{dist.get_rank()}"
+with open(path, "wb") as handle:
+    for _ in range(96):
+        handle.write(b"x" * (1 << 20))
+        handle.flush()
+print("FILLED", dist.get_rank(), flush=True)
+dist.barrier()
+os.unlink(path)
+"""
+
+
+def test_docker_s_64_mib_shm_is_warned_about_and_named_when_a_rank_runs_out(image, tmp_path):
+    """docker run's real /dev/shm (64 MiB): the plan warns at start naming the size and the
+    fix, and a rank that fills it fails with a failure file whose hint says --shm-size; with
+    --shm-size=1g the same job runs, with no warning."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "fill.py").write_text(SHM_FILLER)
+    (tmp_path / "out").mkdir()
+    common = ("-e", "PET_NPROC_PER_NODE=2", "-v", f"{tmp_path}/code:/code:ro")
+    small = docker_run(*common, "-v", f"{tmp_path}/out:/opt/ml/output", image, "train",
+                       "/code/fill.py")  # fmt: skip
+    assert small.returncode != 0, small.stderr[-3000:]
+    assert "warning     /dev/shm is 64 MiB" in small.stderr, small.stderr[-3000:]
+    assert "--shm-size=1g" in small.stderr
+    failure = (tmp_path / "out" / "failure").read_text()
+    assert "--shm-size" in failure.splitlines()[0], failure
+    large = docker_run("--shm-size=1g", *common, image, "train", "/code/fill.py")
+    assert large.returncode == 0, large.stderr[-3000:]
+    assert "/dev/shm is" not in large.stderr
+    assert large.stdout.count("FILLED") == 2

@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 import time
 
-from local_cluster import Cluster  # scripts/, put on sys.path by conftest
-
+from scripts.local_cluster import Cluster
 from tests.docker.conftest import REPO
 
 
@@ -38,8 +37,11 @@ def test_worker_killed_on_host_two_restarts_both_hosts_and_resumes(image, train_
         while not checkpoint.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
         assert checkpoint.exists(), "algo-2 wrote no checkpoint"
-        pid = json.loads((algo2 / "output/data/container-entry/rank-3.pid").read_text())["child"]
         container = dict(job.containers)["algo-2"]
+        # the bootstrap is PID 1 in the container: its workers' pid files (container_entry.launch)
+        found = container.exec_run(["cat", "/tmp/container-entry/1-job/rank-3.pid"])
+        assert found.exit_code == 0, found.output
+        pid = json.loads(found.output)["child"]
         assert container.exec_run(["kill", "-9", str(pid)]).exit_code == 0  # rank 3 dies
         results = job.wait(timeout=400)
     finally:

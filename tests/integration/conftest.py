@@ -7,7 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ PROBE = REPO / "tests" / "scripts" / "ddp_probe.py"
 @dataclass
 class MlTree:
     base: Path
+    extra_env: dict[str, str] = field(default_factory=dict)  # set by a test's setup step
 
     @property
     def output(self) -> Path:
@@ -71,8 +72,16 @@ def bootstrap_env(tree: MlTree, **extra: str) -> dict[str, str]:
         if not k.startswith(("SM_", "PET_", "SAGEMAKER_", "CONTAINER_ENTRY_"))
     }
     env.update({"SAGEMAKER_BASE_DIR": str(tree.base), "CONTAINER_ENTRY_HOST_WAIT_TIMEOUT": "20"})
+    env.update(tree.extra_env)
     env.update(extra)
     return env
+
+
+def control_dir(bootstrap_pid: int, name: str = "job") -> Path:
+    """Where a running bootstrap keeps its workers' pid files (container_entry.launch)."""
+    from container_entry.launch import CONTROL_ROOT
+
+    return CONTROL_ROOT / f"{bootstrap_pid}-{name}"
 
 
 def bootstrap_argv(*args: str) -> list[str]:

@@ -3,9 +3,14 @@ nothing the user put in /opt/ml/model or /opt/ml/checkpoints touched."""
 
 from __future__ import annotations
 
+import io
+import json
+import sys
+import tarfile
+
 import pytest
 
-from tests.integration.conftest import bootstrap_argv, bootstrap_env, make_tree, run
+from tests.integration.conftest import PROBE, bootstrap_argv, bootstrap_env, make_tree, run
 
 
 def corrupt_resourceconfig(tree):
@@ -36,6 +41,41 @@ def failing_requirements(tree):
     (tree.base / "code" / "requirements.txt").write_text("this-package-does-not-exist==0.0.0\n")
 
 
+def invalid_utf8(name):
+    def breakage(tree):
+        path = tree.base / "input/config" / name
+        path.write_bytes(path.read_bytes()[:-1] + b', "x": "\xff\xfe"}')
+
+    breakage.__name__ = f"invalid_utf8_{name.split('.')[0]}"
+    return breakage
+
+
+def hyperparameter(key, value):
+    def breakage(tree):
+        (tree.base / "input/config/hyperparameters.json").write_text(json.dumps({key: value}))
+
+    breakage.__name__ = f"hyperparameter_{key[:12]}"
+    return breakage
+
+
+def environment(name, value):
+    def breakage(tree):
+        tree.extra_env[name] = value
+
+    breakage.__name__ = f"env_{name}"
+    return breakage
+
+
+def truncated_sourcedir(tree):
+    (tree.base / "code" / "ddp_probe.py").unlink()
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(str(PROBE), arcname="ddp_probe.py")
+    channel = tree.base / "input" / "data" / "code"
+    channel.mkdir(parents=True)
+    (channel / "sourcedir.tar.gz").write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+
+
 CASES = [
     (corrupt_resourceconfig, 2, "resourceconfig.json: malformed JSON"),
     (corrupt_hyperparameters, 2, "hyperparameters.json: malformed JSON"),
@@ -43,6 +83,31 @@ CASES = [
     (bad_knob, 2, "container_entry_master_port='http'"),
     (missing_script, 2, "entry script 'ddp_probe.py' not found in"),
     (failing_requirements, 2, "requirements.txt: pip install failed"),
+    *(
+        (invalid_utf8(name), 2, f"{name}: not valid UTF-8 (byte 0xff at offset")
+        for name in ("resourceconfig.json", "hyperparameters.json", "inputdataconfig.json")
+    ),
+    (environment("PET_MASTER_PORT", "abc"), 2, "PET_MASTER_PORT='abc': not an integer"),
+    (environment("PET_MAX_RESTARTS", "-1"), 2, "PET_MAX_RESTARTS='-1': must be between"),
+    (environment("PET_NPROC_PER_NODE", "lots"), 2, "PET_NPROC_PER_NODE='lots': a positive"),
+    (
+        environment("CONTAINER_ENTRY_JOIN_TIMEOUT", "nan"),
+        2,
+        "CONTAINER_ENTRY_JOIN_TIMEOUT='nan': must be a finite number",
+    ),
+    (
+        environment("CONTAINER_ENTRY_STOP_GRACE_PERIOD", "inf"),
+        2,
+        "CONTAINER_ENTRY_STOP_GRACE_PERIOD='inf': must be a finite number",
+    ),
+    (hyperparameter("a=b", "1"), 2, "hyperparameter name 'a=b' contains '='"),
+    (hyperparameter("note", json.dumps("a\u0000b")), 2, "hyperparameter 'note' contains a NUL"),
+    (
+        hyperparameter("big", json.dumps("x" * 200_000)),
+        2,
+        "environment variable SM_HPS is 200,",
+    ),
+    (truncated_sourcedir, 2, "sourcedir.tar.gz: cannot extract"),
 ]
 
 
@@ -65,6 +130,24 @@ def test_bad_input(tmp_path, breakage, code, message):
     assert not (tree.output / "success").exists()
 
 
+PLAN_CASES = [
+    case for case in CASES if case[0].__name__.startswith(("invalid_utf8", "env_", "hyper"))
+]
+
+
+@pytest.mark.parametrize(
+    ("breakage", "code", "message"), PLAN_CASES, ids=[c[0].__name__ for c in PLAN_CASES]
+)
+def test_bad_input_in_plan_is_one_line_too(tmp_path, breakage, code, message):
+    tree = make_tree(tmp_path)
+    breakage(tree)
+    env = bootstrap_env(tree, SAGEMAKER_PROGRAM="ddp_probe.py")
+    result = run([sys.executable, "-m", "container_entry", "plan"], env, timeout=60)
+    assert result.returncode == code, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert message in result.stderr + result.stdout
+
+
 def test_failing_worker_exits_with_its_code_and_writes_a_failure_file(tmp_path):
     tree = make_tree(tmp_path, hyperparameters={"exit-code": "3"})
     env = bootstrap_env(tree, SAGEMAKER_PROGRAM="ddp_probe.py", PET_NPROC_PER_NODE="2")
@@ -84,7 +167,7 @@ def test_plan_is_a_dry_run(tmp_path):
     result = run([sys.executable, "-m", "container_entry", "plan"], env, timeout=60)
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
-    assert plan["hosts"] == ["algo-1"] and plan["user_args"] == ["--epochs", "1"]
+    assert plan["topology"]["hosts"] == ["algo-1"] and plan["user_args"] == ["--epochs", "1"]
     assert not (tree.output / "success").exists() and not (tree.output / "data").exists()
 
 

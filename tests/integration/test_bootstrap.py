@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import time
 
@@ -73,8 +74,11 @@ def test_two_hosts_on_one_machine(tmp_path, hosts_file):
     ]
     outputs = [p.communicate(timeout=180)[0] for p in processes]
     assert [p.returncode for p in processes] == [0, 0], "\n".join(o[-2000:] for o in outputs)
+    cores = len(os.sched_getaffinity(0))
     for host, output in zip(hosts, outputs, strict=True):  # preflight is on for 2+ hosts
         assert f"preflight ok on {host}: 2 workers, 0 GPUs, all_reduce latency" in output
+        # one kernel, two hosts: the machine's cores are divided among all 4 workers
+        assert f"{cores} cores / 4 workers (2 hosts of this job share this machine" in output
     ranks = {}
     for host, tree in zip(hosts, trees, strict=True):
         for summary in tree.summaries("probe-rank-*.json"):
@@ -82,6 +86,7 @@ def test_two_hosts_on_one_machine(tmp_path, hosts_file):
             assert summary["all_reduce"] == 1 + 2 + 3 + 4
             assert summary["host"] == host
             assert summary["env"]["GLOO_SOCKET_IFNAME"] == "lo"
+            assert summary["env"]["OMP_NUM_THREADS"] == str(max(1, cores // 4))
             ranks[summary["rank"]] = host
         assert (tree.output / "success").exists()
     assert ranks == {0: "algo-1", 1: "algo-1", 2: "algo-2", 3: "algo-2"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -58,12 +59,13 @@ def alive(pid: int) -> bool:
 
 
 def worker_pids(tree) -> list[int]:
-    run_dir = tree.output / "data" / "container-entry"
-    pids = []
-    for path in run_dir.glob("rank-*.pid"):
-        record = json.loads(path.read_text())
-        pids += [record["wrapper"], record["child"]]
-    return pids
+    """Every script process the job started ("started rank N pid P" in the rank logs)."""
+    logs = (tree.output / "data" / "container-entry" / "logs").glob("rank-*.log")
+    return [
+        int(pid)
+        for path in logs
+        for pid in re.findall(r"started rank \d+ pid (\d+)", path.read_text())
+    ]
 
 
 def ranks_started(tree, count=2) -> bool:
@@ -290,8 +292,10 @@ def test_failure_on_one_host_ends_every_host_fast(tmp_path, hosts_file):
 
 
 def test_preflight_names_the_host_whose_device_count_is_wrong(tmp_path, hosts_file):
-    """GPU mock (no GPU exists here): a fake `nvidia-smi` on algo-2 lists 2 GPUs, so the plan
-    counts 2 while torch sees none; preflight must stop the job before the script starts."""
+    """GPU mock (no GPU exists here): a fake `nvidia-smi` on algo-2 stands in for the tool on
+    a 2-GPU host (it exits 0, so no driver files are needed), so the plan counts 2 while torch
+    sees none; the job must stop before the script starts, naming algo-2: in the preflight's
+    gpu-count check, or in the launcher's GPU check (preflight.check_visible_gpus) before it."""
     fake = tmp_path / "fake-bin"
     fake.mkdir()
     (fake / "nvidia-smi").write_text(
@@ -318,6 +322,9 @@ def test_preflight_names_the_host_whose_device_count_is_wrong(tmp_path, hosts_fi
     for (returncode, out, err), tree in zip(results, trees, strict=True):
         assert returncode != 0, err[-2000:]
         line = first_line(tree)
-        assert line.startswith("preflight failed, the script did not start"), line
-        assert "preflight check 'gpu-count' failed on host algo-2" in line, line
+        by_preflight = line.startswith("preflight failed, the script did not start") and (
+            "preflight check 'gpu-count' failed on host algo-2" in line
+        )
+        by_launcher = "algo-2" in line and "sees 0 GPUs, but 2 GPUs were counted" in line
+        assert by_preflight or by_launcher, line
         assert "started rank" not in out  # the user's script never ran

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import time
 
-from tests.integration.conftest import REPO, bootstrap_argv, bootstrap_env, make_tree
+from tests.integration.conftest import REPO, bootstrap_argv, bootstrap_env, control_dir, make_tree
 
 
 def test_killed_worker_restarts_and_resumes_from_the_checkpoint(tmp_path):
@@ -35,7 +35,7 @@ def test_killed_worker_restarts_and_resumes_from_the_checkpoint(tmp_path):
     while not (checkpoint / "trainer_state.json").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert checkpoint.exists(), "no checkpoint was written"
-    record = json.loads((tree.output / "data/container-entry/rank-1.pid").read_text())
+    record = json.loads((control_dir(process.pid) / "rank-1.pid").read_text())
     os.kill(record["child"], signal.SIGKILL)  # the rank dies mid-training
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 0, output[-4000:]

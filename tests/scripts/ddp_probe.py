@@ -23,7 +23,11 @@ summary = {
     "all_reduce": total.item(),
     "argv": sys.argv[1:],
     "host": os.environ.get("CURRENT_HOST"),
-    "env": {k: v for k, v in os.environ.items() if k.startswith(("SM_", "PET_", "NCCL_", "GLOO_"))},
+    "env": {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith(("SM_", "PET_", "NCCL_", "GLOO_", "OMP_"))
+    },
 }
 out = os.environ.get("SM_OUTPUT_DATA_DIR", ".")
 with open(os.path.join(out, f"probe-rank-{rank}.json"), "w") as handle:

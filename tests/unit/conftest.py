@@ -29,6 +29,7 @@ def make_env(**overrides: Any) -> Environment:
         "cpu_count": 8,
         "hostname": "container-abc",
         "python": "/opt/venv/bin/python",
+        "torch_version": "2.9.0",
     }
     values.update(overrides)
     return Environment(**values)

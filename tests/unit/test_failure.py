@@ -1,5 +1,11 @@
 from container_entry.failure import describe_rank, hint, where
+from container_entry.records import RankRecord
 from container_entry.worker import parse_exception
+
+
+def record(**fields) -> RankRecord:
+    return RankRecord(**{"host": "algo-1", "rank": 0, "local_rank": 0, **fields})
+
 
 DUMP = """Thread 0x00007f1 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 320 in wait
@@ -35,25 +41,25 @@ def test_exception_parsed_from_a_chained_traceback_with_torch_rank_prefix():
 
 
 def test_hints():
-    assert "out of host memory" in hint({"returncode": -9})
-    assert "segfault" in hint({"returncode": -11})
+    assert "out of host memory" in hint(record(returncode=-9))
+    assert "segfault" in hint(record(returncode=-11))
     assert "peer rank hung" in hint(
-        {"returncode": 1, "stderr_tail": ["[Rank 0] Watchdog caught collective operation timeout"]}
+        record(returncode=1, stderr_tail=["[Rank 0] Watchdog caught collective operation timeout"])
     )
-    assert hint({"returncode": 1}) is None
+    assert hint(record(returncode=1)) is None
 
 
 def test_describe_rank_is_one_actionable_line():
-    record = {
-        "rank": 3,
-        "local_rank": 1,
-        "host": "algo-2",
-        "returncode": 1,
-        "exception": {"type": "ValueError", "message": "planted"},
-    }
-    assert describe_rank(record) == "rank 3 (local 1) on algo-2: exit code 1: ValueError: planted"
+    failed = record(
+        rank=3,
+        local_rank=1,
+        host="algo-2",
+        returncode=1,
+        exception={"type": "ValueError", "message": "planted"},
+    )
+    assert describe_rank(failed) == "rank 3 (local 1) on algo-2: exit code 1: ValueError: planted"
 
 
 def test_describe_rank_says_the_restarts_were_used_up():
-    record = {"rank": 0, "local_rank": 0, "host": "algo-1", "returncode": 1, "restart_count": 2}
-    assert describe_rank(record) == "rank 0 (local 0) on algo-1: exit code 1 (after 2 restarts)"
+    failed = record(returncode=1, restart_count=2)
+    assert describe_rank(failed) == "rank 0 (local 0) on algo-1: exit code 1 (after 2 restarts)"

@@ -52,7 +52,7 @@ def test_reserved_keys_are_consumed_not_passed():
     )
     assert split.user == {"epochs": 2}
     assert split.sagemaker["sagemaker_program"] == "train.py"
-    assert split.knobs == {"master_port": 1234}
+    assert split.settings == {"master_port": 1234}
     assert hp.to_args(split.user) == ["--epochs", "2"]
 
 
@@ -69,6 +69,27 @@ def test_hostile_values_stay_literal(hostile):
     assert hp.to_args(hp.split({"v": hostile}).user) == ["-v", hostile]
 
 
-def test_invalid_key_is_an_error():
-    with pytest.raises(ConfigError, match="invalid key"):
-        hp.split({"": "1"})
+@pytest.mark.parametrize(
+    ("key", "problem"),
+    [("", "is empty"), ("a=b", "contains '='"), ("a\0b", "NUL"), ("\ud800x", "lone surrogate")],
+)
+def test_unusable_names_are_errors_naming_the_key(key, problem):
+    with pytest.raises(ConfigError, match=problem) as raised:
+        hp.split({key: "1"})
+    assert str(raised.value).startswith("hyperparameters.json: hyperparameter name ")
+
+
+@pytest.mark.parametrize(("value", "problem"), [('"a\u0000b"', "NUL"), ('"\ud800"', "surrogate")])
+def test_values_no_process_can_receive_are_errors_naming_the_key(value, problem):
+    with pytest.raises(ConfigError, match=f"hyperparameter 'note' .*{problem}"):
+        hp.to_args(hp.split({"note": value}).user)
+
+
+def test_tuning_jobs_objective_metric_and_every_reserved_key_never_reach_the_script():
+    from sagemaker_training import params
+
+    raw = {key: '"x"' for key in params.SAGEMAKER_HYPERPARAMETERS}
+    raw["_tuning_objective_metric"] = '"eval_loss"'
+    split = hp.split({**raw, "epochs": "1"})
+    assert split.user == {"epochs": 1}
+    assert set(params.SAGEMAKER_HYPERPARAMETERS) <= set(split.sagemaker)

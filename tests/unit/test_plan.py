@@ -19,7 +19,7 @@ def flag(argv, name):
 
 def test_gpu_host_gets_one_worker_per_gpu_and_nccl():
     plan = build_plan(make_env(resource_config=TWO_HOSTS, nvidia_smi=NVIDIA_SMI_4))
-    assert (plan.nproc_per_node, plan.backend, plan.node_rank) == ("4", "nccl", 1)
+    assert (plan.nproc_per_node, plan.backend, plan.topology.node_rank) == ("4", "nccl", 1)
     assert flag(plan.argv, "--nproc-per-node") == "4"
     assert flag(plan.argv, "--nnodes") == "2"
     assert flag(plan.argv, "--master-addr") == "algo-1"
@@ -147,14 +147,16 @@ def test_sagemaker_contract_variables():
 )
 def test_hostile_hyperparameters_are_single_literal_argv_elements(hostile):
     plan = build_plan(make_env(hyperparameters={"note": json.dumps(hostile)}))
-    assert plan.argv[-2:] == ("--note", hostile)
+    assert plan.command[-2:] == ("--note", hostile)
+    assert "--note" not in plan.argv  # never seen by torchrun's parser
 
 
 def test_program_from_hyperparameter_and_missing_program():
     env = make_env(environ={}, hyperparameters={"sagemaker_program": '"fit.py"'})
-    assert build_plan(env).argv[-1] == "/opt/ml/code/fit.py"
-    with pytest.raises(ConfigError, match="no entry script"):
-        build_plan(make_env(environ={}))
+    assert build_plan(env).command[0] == "/opt/ml/code/fit.py"
+    missing = build_plan(make_env(environ={}))
+    assert missing.problems and "no entry script" in missing.problems[0]
+    assert missing.command[0] == "<entry script>"
 
 
 @pytest.mark.parametrize(
@@ -224,18 +226,22 @@ def test_code_source(hps, environ, channel, kind, location, code_dir):
 
 def test_local_cli_script_and_args():
     env = make_env(
-        resource_config=None, environ={}, cwd="/work", cli_args=("src/fit.py", "--lr", "0.1", "x y")
+        resource_config=None,
+        environ={},
+        cwd="/work",
+        cli_args=("src/fit.py", "--lr", "0.1", "x y"),
+        scripts_found=("/work/src/fit.py",),
     )
     plan = build_plan(env)
-    assert plan.mode == "local"
+    assert plan.topology.source == "local" and not plan.problems
     assert plan.code.code_dir == "/work/src"
-    assert plan.argv[-4:] == ("/work/src/fit.py", "--lr", "0.1", "x y")
+    assert plan.command == ("/work/src/fit.py", "--lr", "0.1", "x y")
 
 
 def test_every_rank_runs_through_the_worker_wrapper():
     plan = build_plan(make_env(environ={"SAGEMAKER_PROGRAM": "run.sh"}))
-    assert plan.argv[-3:] == ("-m", "container_entry.worker", "/opt/ml/code/run.sh")
-    assert flag(plan.argv, "--shutdown-timeout") == "100"
+    assert plan.argv[-2:] == ("-m", "container_entry.worker")
+    assert plan.command == ("/opt/ml/code/run.sh",)
 
 
 def test_knobs_env_beats_hyperparameter_and_prefix_is_consumed():
@@ -271,7 +277,7 @@ def test_secrets_are_masked_in_json_and_summary():
         environ={"SAGEMAKER_PROGRAM": "t.py"},
     )
     plan = build_plan(env)
-    assert "hf_SECRETVALUE" in plan.argv  # the script still gets it
+    assert "hf_SECRETVALUE" in plan.command  # the script still gets it
     text = plan.to_json() + plan.summary()
     assert "hf_SECRETVALUE" not in text
     assert json.loads(plan.to_json())["hyperparameters"]["hf_token"] == "****"
@@ -280,17 +286,21 @@ def test_secrets_are_masked_in_json_and_summary():
 def test_plan_json_has_the_documented_keys():
     data = json.loads(build_plan(make_env()).to_json())
     for key in (
-        "hosts",
-        "node_rank",
+        "topology",
         "master_addr",
         "master_port",
         "nproc_per_node",
         "argv",
+        "command",
         "env",
         "hyperparameters",
-        "mode",
+        "torch_version",
+        "stop_delivery",
+        "problems",
     ):
         assert key in data
+    for key in ("hosts", "node_rank", "current_host", "source"):
+        assert key in data["topology"]
     assert all({"value", "reason"} <= set(item) for item in data["env"].values())
 
 
@@ -314,5 +324,22 @@ def test_preflight_is_on_by_default_for_multi_host_jobs_only(knob, hosts, on):
     plan = build_plan(env)
     assert bool(plan.preflight_argv) is on
     if on:
-        assert plan.preflight_argv[-1].endswith("container_entry/preflight.py")
+        assert plan.preflight_argv[-2:] == ("-m", "container_entry.worker")
+        assert plan.preflight_command[0].endswith("container_entry/preflight.py")
         assert flag(plan.preflight_argv, "--nnodes") == str(hosts)
+
+
+def test_hosts_sharing_one_machine_divide_its_cores():
+    env = make_env(resource_config=TWO_HOSTS, cpu_count=8, boot_id="kernel-1")
+    plan = build_plan(env)
+    assert plan.env["OMP_NUM_THREADS"].value == "8"  # one CPU worker: all 8 cores
+    shared = plan.sharing_machine(hosts=2, workers=2)
+    assert shared.env["OMP_NUM_THREADS"].value == "4"
+    assert "2 hosts of this job share this machine" in shared.env["OMP_NUM_THREADS"].reason
+    assert plan.sharing_machine(hosts=1, workers=1) is plan
+    user = build_plan(
+        make_env(
+            resource_config=TWO_HOSTS, environ={"SAGEMAKER_PROGRAM": "t.py", "OMP_NUM_THREADS": "3"}
+        )
+    )
+    assert user.sharing_machine(hosts=2, workers=2) is user  # the user's value wins

@@ -59,6 +59,7 @@ def render(name: str) -> str:
     )
     data = build_plan(env).to_dict()
     data["preflight_argv"] = [a.rsplit("/container_entry/", 1)[-1] for a in data["preflight_argv"]]
+    assert data["stop_delivery"] == "bootstrap"  # torch 2.9: no --shutdown-timeout
     return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 

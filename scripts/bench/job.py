@@ -1,4 +1,4 @@
-"""The user script of `scripts/benchmark.py`: one job, run unchanged under every launcher.
+"""The user script of `make bench` (scripts/bench): one job, run unchanged under every launcher.
 
 Its very first statement prints `BENCH first t=<epoch>`, so the benchmark can measure
 container start -> first line of the user's script without trusting any launcher's logs.
@@ -10,8 +10,9 @@ Then, in this order:
   2. an all_reduce tick every --tick-seconds (--ticks of them; 0: until stopped), each printed
      the same way (print -> stdout latency). --fail-host algo-N: that host's last local rank
      (--fail-local-rank) writes bench-fail.json (the time) and raises at tick --fail-tick.
-SIGTERM at any point: the rank writes bench-term-rank-R.json (the time it got the signal) and
-exits 143.
+With --ticks N > 0 the script ends after its ticks; its last statement writes
+bench-end-rank-R.json (the time). SIGTERM at any point: the rank writes bench-term-rank-R.json
+(the time it got the signal) and exits 143.
 
 Results go to $BENCH_OUT, else $SM_OUTPUT_DATA_DIR, else /opt/ml/output/data.
 """
@@ -177,6 +178,7 @@ def main():
         while time.time() < deadline:  # short sleeps: a signal handler runs promptly
             time.sleep(0.02)
     dist.destroy_process_group()
+    write(f"bench-end-rank-{rank}.json", {"rank": rank, "t": time.time()})  # its last statement
 
 
 if __name__ == "__main__":

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 import tarfile
 import tempfile
+import zlib
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -16,20 +18,23 @@ from container_entry.plan import Plan
 
 
 def _safe_extract(archive: Path, target: Path) -> None:
-    """Extract a sourcedir tarball, refusing members that would land outside `target`."""
+    """Extract a sourcedir tarball with tarfile's "data" filter (what sagemaker-training uses):
+    no absolute paths, no member or link that leaves `target`, no devices. sagemaker-training's
+    own download helper is not used because importing its modules creates directories."""
     try:
         with tarfile.open(archive) as tar:
-            root = target.resolve()
-            for member in tar.getmembers():
-                destination = (root / member.name).resolve()
-                if root != destination and root not in destination.parents:
-                    raise CodeError(f"{archive}: member {member.name!r} escapes the code directory")
-                if member.issym() or member.islnk() or member.isdev():
-                    raise CodeError(f"{archive}: member {member.name!r} is a link or device")
             target.mkdir(parents=True, exist_ok=True)
-            tar.extractall(target)
-    except (tarfile.TarError, OSError) as error:
-        raise CodeError(f"{archive}: cannot extract ({error})") from None
+            tar.extractall(target, filter="data")
+    except tarfile.FilterError as error:
+        name = error.tarinfo.name if error.tarinfo else "?"
+        raise CodeError(
+            f"{archive}: member {name!r} escapes the code directory ({error})"
+        ) from None
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as error:
+        detail = str(error) or type(error).__name__
+        raise CodeError(
+            f"{archive}: cannot extract ({detail}): truncated or not a tar.gz?"
+        ) from None
 
 
 def _download_s3(url: str, destination: Path, environ: dict[str, str]) -> None:
@@ -60,7 +65,7 @@ def prepare(plan: Plan, environ: dict[str, str]) -> Path:
     elif source.kind == "archive":
         log(f"extracting code from {source.location}")
         _safe_extract(Path(source.location), code_dir)
-    script = code_dir / plan.program
+    script = Path(plan.command[0])
     if not script.is_file():
         where = f"{code_dir}" + (f" (from {source.location})" if source.kind != "directory" else "")
         try:
@@ -68,13 +73,29 @@ def prepare(plan: Plan, environ: dict[str, str]) -> Path:
         except OSError:
             found = "directory missing"
         raise CodeError(f"entry script {plan.program!r} not found in {where}; found: {found}")
+    if script.suffix != ".py":
+        make_executable(script)
     return script
+
+
+def make_executable(script: Path) -> None:
+    """A command entry point delivered without its run bit (an S3 code channel or an untarred
+    sourcedir loses it) is made executable, as the incumbent does."""
+    mode = script.stat().st_mode
+    if mode & stat.S_IXUSR:
+        return
+    try:
+        script.chmod(mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    except OSError as error:
+        raise CodeError(
+            f"entry script {script} is not executable and cannot be made so ({error.strerror})"
+        ) from None
 
 
 def install_requirements(plan: Plan, python: str) -> None:
     """`pip install -r requirements.txt` once per host, before any worker starts."""
     requirements = Path(plan.code.code_dir) / "requirements.txt"
-    if not plan.install_requirements or not requirements.is_file():
+    if not plan.settings.install_requirements or not requirements.is_file():
         return
     log(f"installing {requirements}")
     pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements)]

@@ -1,0 +1,100 @@
+"""Hang watchdog: a job whose ranks, on every host, stopped printing and stopped reporting
+progress for HANG_TIMEOUT seconds is declared hung and torn down (exit code 124), instead of
+billing until SageMaker's MaxRuntimeInSeconds.
+
+What counts as a sign of life on a host: any line a rank printed (its wrapper appends it to
+`<run dir>/logs/rank-N.log`, so that file's mtime is the time of the rank's last line) or a
+touch of the progress file (`CONTAINER_ENTRY_PROGRESS_FILE`, or `report_progress()` below) by
+a script that works quietly. One host decides alone; several hosts send their idle seconds with
+each heartbeat and the master declares the hang only when every host is idle
+(coordination.Coordinator). Stdlib only, no side effects on import: user scripts import
+`report_progress` from here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+HUNG_EXIT_CODE = 124  # timeout(1)'s code for "ran out of time"
+PROGRESS_ENV = "CONTAINER_ENTRY_PROGRESS_FILE"
+NCCL_PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"  # torch's on-demand flight-recorder dump
+CHECK_SECONDS = 1.0  # how often a host measures its idle time
+
+
+def report_progress() -> None:
+    """For a script that may be silent longer than HANG_TIMEOUT (a long evaluation, a quiet
+    loop): call it now and then; a no-op outside container-entry."""
+    path = os.environ.get(PROGRESS_ENV)
+    if not path:
+        return
+    with contextlib.suppress(OSError):
+        with open(path, "ab"):
+            pass
+        os.utime(path)
+
+
+def hung_text(timeout: float, hosts: int = 1) -> str:
+    """The failure file's first line."""
+    where = " on any host" if hosts > 1 else ""
+    return f"hung: no output from any rank{where} for {timeout:g} s"
+
+
+def is_hang(record: object) -> bool:
+    """A relayed record that is the hang verdict (no rank's own exit)."""
+    return (
+        getattr(record, "rank", 0) is None
+        and getattr(record, "returncode", 0) == HUNG_EXIT_CODE
+        and str(getattr(record, "what", "") or "").startswith("hung:")
+    )
+
+
+class Activity:
+    """When this host's ranks last showed life, from file times only (no wake-up per line)."""
+
+    def __init__(self, run_dir: Path, progress: str | None) -> None:
+        self.logs = run_dir / "logs"
+        self.progress = progress
+        self.since = time.time()  # the launch: start-up counts as activity
+        self._checked = 0.0
+        self._idle = 0.0
+
+    def idle(self) -> float:
+        """Seconds since the last line or progress report of any local rank (re-measured at
+        most every CHECK_SECONDS)."""
+        now = time.time()
+        if now - self._checked >= CHECK_SECONDS:
+            latest = self.since
+            paths = [*self.logs.glob("rank-*.log"), *([self.progress] if self.progress else [])]
+            for path in paths:
+                with contextlib.suppress(OSError):
+                    latest = max(latest, os.stat(path).st_mtime)
+            self._checked, self._idle = now, max(0.0, now - latest)
+        return self._idle + (now - self._checked)
+
+
+def request_nccl_dumps(stem: str | None) -> int:
+    """Ask every local rank's NCCL flight recorder for a dump: torch's heartbeat monitor
+    watches the named pipe `<stem><rank>.pipe` (TORCH_NCCL_DEBUG_INFO_PIPE_FILE) and dumps to
+    TORCH_NCCL_DEBUG_INFO_TEMP_FILE when a byte arrives. Returns how many pipes took one."""
+    if not stem:
+        return 0
+    folder, prefix = os.path.split(stem)
+    asked = 0
+    with contextlib.suppress(OSError):
+        names = os.listdir(folder or ".")
+        for name in names:
+            if not (name.startswith(prefix) and name.endswith(".pipe")):
+                continue
+            try:
+                fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:  # ENXIO: no reader (that rank is gone)
+                continue
+            try:
+                os.write(fd, b"1")
+                asked += 1
+            finally:
+                os.close(fd)
+    return asked

@@ -1,0 +1,251 @@
+"""One host's part of a training job: resolve, join the others, prepare, preflight, launch,
+report. Every outcome leaves `<base>/output/success` or `<base>/output/failure` and an exit
+code with a meaning (README, "Failure, stop and logs")."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from container_entry import network, user_code
+from container_entry.coordination import JOIN_VERDICT_GRACE, Coordinator, Member, PeerFailure
+from container_entry.environment import base_dir_from, read_environment
+from container_entry.errors import (
+    BootstrapError,
+    CodeError,
+    ConfigError,
+    DeviceError,
+    NetworkError,
+)
+from container_entry.failure import Observed, Outcome, verdict
+from container_entry.launch import Supervisor
+from container_entry.logs import log, register_secrets
+from container_entry.plan import Plan, build_plan, run_dir
+from container_entry.preflight import check_visible_gpus
+from container_entry.records import RankRecord
+from container_entry.stopping import Stop
+
+
+def resolve(cli_args: Sequence[str], environ: Mapping[str, str] | None = None) -> Plan:
+    """Environment -> plan, with every secret the plan found registered for masking."""
+    plan = build_plan(read_environment(environ, cli_args=cli_args))
+    register_secrets(plan.secrets)
+    return plan
+
+
+class Job:
+    """Join the others, prepare, launch, report."""
+
+    def __init__(self, plan: Plan, environ: Mapping[str, str], base: Path, stop: Stop) -> None:
+        self.plan = plan
+        self.environ = environ
+        self.base = base
+        self.stop = stop
+        self.run_dir = run_dir(base)
+        self.coordinator: Coordinator | None = None
+        self.member: Member | None = None
+        self.succeeded = False
+
+    def join(self) -> None:
+        """Multi-host: resolve what this host needs, join the side channel, before anything.
+
+        Under the static rendezvous every worker dials only the master (peers learn each
+        other's addresses through its store) and the side channel is the master's too, so a
+        coordinated host waits for the master's name alone, and the master only for the names
+        of hosts that have not joined: no host resolves every name. Under c10d (restarts) each
+        host advertises its own name, so all are waited for (in parallel).
+        """
+        plan, topology = self.plan, self.plan.topology
+        names = topology.wait_for
+        if plan.coordinated and not plan.max_restarts:
+            names = (plan.master_addr,)
+        if names:
+            network.wait_for_hosts(names, plan.settings.host_wait_timeout)
+        if not plan.coordinated:
+            return
+        master = topology.node_rank == 0
+        if master:
+            network.check_port_free(plan.master_port, "master")
+            coordinator = self.coordinator = Coordinator(
+                topology.hosts, plan.coordination_port, hang_timeout=plan.settings.hang_timeout
+            )
+            # the master still reports a peer whose name never resolves (exit 3), but looks up
+            # only the names of hosts that have not joined yet (a host that joined needs no
+            # name here), in parallel while the others join: N lookups in all, not N x N
+            peers = [h for h in topology.hosts if h != topology.current_host]
+            try:
+                network.wait_for_hosts(
+                    peers,
+                    plan.settings.host_wait_timeout,
+                    resolves=lambda h: coordinator.has_joined(h) or network.name_resolves(h),
+                )
+            except NetworkError as error:
+                what = f"{type(error).__name__}: {error}"
+                here = topology.current_host
+                coordinator.post(RankRecord(host=here, rank=None, returncode=3, what=what))
+                raise
+        self.member = Member(
+            topology.current_host,
+            plan.master_addr,
+            plan.coordination_port,
+            machine=plan.boot_id,
+            workers=plan.workers,
+        )
+        timeout = plan.settings.join_timeout
+        try:
+            # the master decides who never joined; a member gives its verdict time to arrive
+            self.member.join(timeout, verdict_grace=0.0 if master else JOIN_VERDICT_GRACE)
+        except PeerFailure:
+            raise
+        except NetworkError:
+            missing = self.coordinator.missing() if self.coordinator else []
+            if missing:
+                text = f"host(s) {', '.join(missing)} never joined the job within {timeout:g} s"
+                self.post_failure(
+                    f"{text} (the master {topology.current_host} gave up waiting)",
+                    NetworkError.exit_code,
+                )
+                raise NetworkError(text) from None
+            raise
+        hosts, workers = self.member.machine_share()
+        shared = self.plan.sharing_machine(hosts, workers)
+        if shared is not self.plan:
+            self.plan = shared
+            threads = shared.env["OMP_NUM_THREADS"]
+            log(f"OMP_NUM_THREADS={threads.value}: {threads.reason}")
+
+    def prepare(self) -> None:
+        plan = self.plan
+        if plan.topology.node_rank == 0 and not plan.coordinated:  # else checked in join()
+            network.check_port_free(plan.master_port, "master")
+        user_code.prepare(plan, dict(self.environ))
+        user_code.install_requirements(plan, plan.argv[0])
+        for directory in (self.base / "model", self.run_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        if plan.num_gpus:  # before 8 ranks each fail alone: does torch see what was counted?
+            env = {**{k: v.value for k, v in plan.env.items()}, **self.environ}
+            problem = check_visible_gpus(plan.argv[0], plan.num_gpus, env)
+            if problem:
+                raise DeviceError(f"{plan.topology.current_host}: {problem}")
+
+    def _supervise(self, supervisor: Supervisor) -> Observed:
+        if self.member and self.member.aborted.is_set():  # a peer failed while we prepared
+            run = supervisor.observed
+            if self.member.lost_master:
+                run.lost_master = self.member.master
+            else:
+                run.remote_failure = self.member.abort
+            return run
+        supervisor.monitor(supervisor.launch())
+        return supervisor.observed
+
+    def preflight(self) -> Observed | None:
+        """The cluster check, launched like the job itself; None when it is off."""
+        plan = self.plan
+        if not plan.preflight_argv:
+            return None
+        hosts = len(plan.topology.hosts)
+        checks = (
+            f"{plan.num_gpus} GPUs (count, matmul against the CPU)"
+            if plan.num_gpus
+            else "no GPU on this host"
+        )
+        log(f"preflight: {checks}; all_reduce across {hosts} host{'s' * (hosts > 1)}")
+        supervisor = Supervisor(
+            plan,
+            self.environ,
+            self.run_dir / "preflight",
+            self.member,
+            self.stop,
+            argv=plan.preflight_argv,
+            command=plan.preflight_command,
+        )
+        return self._supervise(supervisor)
+
+    def execute(self, outcome: Outcome) -> int:
+        self.join()
+        self.prepare()
+        plan = self.plan
+        checked = self.preflight()
+        if checked is not None:
+            result = verdict(checked, plan.topology.current_host, self.run_dir / "preflight")
+            if result.exit_code != 0:
+                reason = f"preflight failed, the script did not start: {result.reason}"
+                log(f"failed: {reason}")
+                self.post_failure(reason, result.exit_code)
+                outcome.failure(reason, result.details)
+                return result.exit_code
+        run = self._supervise(Supervisor(plan, self.environ, self.run_dir, self.member, self.stop))
+        result = verdict(run, plan.topology.current_host, self.run_dir)
+        if result.exit_code == 0:
+            log("training finished: all workers exited 0")
+            outcome.success()
+            self.succeeded = True
+        else:
+            log(f"failed: {result.reason}")
+            if run.first_failure and self.member:  # the rank's own record, as the monitor posts
+                self.member.post_failure(run.first_failure)
+            self.post_failure(result.reason, result.exit_code)  # unless posted already
+            ranks = {str(rank): record.to_json() for rank, record in sorted(run.results.items())}
+            outcome.failure(
+                result.reason, result.details, {"reason": result.reason, "ranks": ranks}
+            )
+        return result.exit_code
+
+    def post_failure(self, what: str, exit_code: int) -> None:
+        """Tell the other hosts why this one cannot go on: a bootstrap error, or the final
+        verdict of a run nothing was posted for yet (torchrun failing before any rank
+        reported, a stop). Posts once; never echoes a failure another host relayed."""
+        if self.member:
+            self.member.post_failure(
+                RankRecord(
+                    host=self.plan.topology.current_host, rank=None, returncode=exit_code, what=what
+                )
+            )
+
+    def finish(self) -> None:
+        if self.member:
+            if self.succeeded:
+                self.member.done()
+            self.member.close()
+        if self.coordinator:
+            self.coordinator.wait_finished(60.0 if self.succeeded else 5.0)
+            self.coordinator.close()
+
+
+def train(cli_args: Sequence[str], stop: Stop) -> int:
+    """Resolve, join, prepare, launch; every outcome leaves a success or failure file."""
+    environ = dict(os.environ)
+    outcome = Outcome(base_dir_from(environ))
+    job: Job | None = None
+    try:
+        plan = resolve(cli_args, environ)
+        if plan.settings.dry_run:
+            print(plan.to_json(), flush=True)
+            return 2 if plan.problems else 0
+        if plan.problems:
+            error_type = CodeError if plan.program else ConfigError
+            raise error_type("; ".join(plan.problems))
+        log("plan\n" + plan.summary())
+        job = Job(plan, environ, base_dir_from(environ), stop)
+        return job.execute(outcome)
+    except (BootstrapError, OSError) as error:
+        stop.raising = False  # a stop now must not interrupt the report
+        code = error.exit_code if isinstance(error, BootstrapError) else 2
+        # a failure relayed from another host is already in words
+        what = str(error) if isinstance(error, PeerFailure) else f"{type(error).__name__}: {error}"
+        log(f"error: {error}")
+        outcome.failure(what)
+        if job:
+            job.post_failure(what, code)
+        return code
+    except BaseException:
+        stop.raising = False
+        if job:
+            job.post_failure("internal error of container-entry", 70)
+        raise
+    finally:
+        stop.after_workers()
+        if job:
+            job.finish()

@@ -1,0 +1,77 @@
+"""`container-entry stacks`: every live local rank's Python stacks, without stopping anything.
+
+Run inside a running container (`docker exec CONTAINER container-entry stacks`, or an SSM
+session into a SageMaker job). It finds the running launches through their private control
+folders, asks each rank for its stacks (SIGUSR2: faulthandler, registered in the rank's own
+Python by _site/sitecustomize.py, writes every thread's stack and the rank carries on), and
+prints what each rank wrote, tagged by rank, with the file where the same text is kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from container_entry.launch import CONTROL_ROOT, Workers
+
+WAIT_SECONDS = 3.0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _launches(root: Path) -> list[tuple[Path, Path]]:
+    """(control folder, run folder) of every launch whose bootstrap is still running."""
+    found = []
+    for control in sorted(root.glob("*-*")):
+        pid, _, _ = control.name.partition("-")
+        if not pid.isdigit() or not _alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            run_dir = Path(json.loads((control / "command.json").read_text())["run_dir"])
+            found.append((control, run_dir))
+    return found
+
+
+def print_live_stacks(root: Path = CONTROL_ROOT) -> int:
+    launches = _launches(root)
+    if not launches:
+        print("container-entry stacks: no running job in this container", file=sys.stderr)
+        return 1
+    for control, run_dir in launches:
+        workers = Workers(control).refresh()
+        asked: dict[int, tuple[Path, int]] = {}
+        for rank, record in sorted(workers.items()):
+            path = run_dir / "stacks" / f"rank-{rank}.txt"
+            size = path.stat().st_size if path.exists() else 0
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(record["child"]), signal.SIGUSR2)
+                asked[rank] = (path, size)
+        deadline = time.monotonic() + WAIT_SECONDS
+        pending = dict(asked)
+        while pending and time.monotonic() < deadline:
+            time.sleep(0.05)
+            for rank, (path, size) in list(pending.items()):
+                if path.exists() and path.stat().st_size > size:
+                    time.sleep(0.1)  # let faulthandler finish writing every thread
+                    text = path.read_bytes()[size:].decode("utf-8", "replace")
+                    host = workers[rank].get("host", "?")
+                    for line in text.rstrip("\n").splitlines():
+                        print(f"[{host} rank {rank}] {line}")
+                    print(f"[{host} rank {rank}] (also in {path})", flush=True)
+                    del pending[rank]
+        for rank in sorted(pending):
+            print(f"rank {rank}: no stacks within {WAIT_SECONDS:g} s (busy in native code?)")
+    return 0

@@ -1,0 +1,127 @@
+"""What the torchrun in this image can do, and the command line we give it.
+
+The bootstrap decides torchrun's options from the torch actually installed (its version read
+from the package metadata, without importing torch) and passes only options that version has.
+`FLAG_SINCE` holds the first release whose launcher accepts each option we may pass;
+tests/compat checks it, and the plan's command lines, against the real argument parser of every
+supported release.
+
+The user's script and its arguments never appear on torchrun's command line: argparse matches
+abbreviations of torchrun's options even after the script name (pytorch issue 120601), so a
+hyperparameter `--log` or `--node` would be taken as torchrun's own. torchrun starts our worker
+module with no arguments; the worker reads the script's command line from a file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from container_entry.cluster import Topology
+from container_entry.errors import ConfigError
+
+MODULE = "torch.distributed.run"
+WORKER_MODULE = "container_entry.worker"
+
+# The oldest release we support: the torch of the oldest listed Hugging Face training DLC
+# (huggingface-pytorch-training:2.5.1-transformers4.49.0).
+OLDEST = (2, 5)
+# First release whose launcher accepts the option (tests/compat/test_torchrun_flags.py).
+FLAG_SINCE: Mapping[str, tuple[int, int]] = {
+    "nnodes": OLDEST,
+    "nproc-per-node": OLDEST,
+    "node-rank": OLDEST,
+    "master-addr": OLDEST,
+    "master-port": OLDEST,
+    "max-restarts": OLDEST,
+    "rdzv-backend": OLDEST,
+    "rdzv-endpoint": OLDEST,
+    "rdzv-id": OLDEST,
+    "rdzv-conf": OLDEST,
+    "local-addr": OLDEST,
+    # torch's own SIGTERM -> SIGKILL delay for workers; before it, a fixed 30 s
+    "shutdown-timeout": (2, 12),
+}
+_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+@dataclass(frozen=True)
+class Torchrun:
+    """The launcher of one torch release."""
+
+    version: str  # as installed, e.g. "2.9.0+cu128"
+
+    @property
+    def release(self) -> tuple[int, int]:
+        match = _VERSION.match(self.version)
+        if not match:
+            raise ConfigError(f"torch version {self.version!r} is not a release number")
+        return int(match.group(1)), int(match.group(2))
+
+    def has(self, flag: str) -> bool:
+        return self.release >= FLAG_SINCE[flag]
+
+    @property
+    def supported(self) -> bool:
+        return self.release >= OLDEST
+
+    @property
+    def handles_stop_grace(self) -> bool:
+        """Whether torchrun itself can give the workers our stop grace period after SIGTERM;
+        if not, it kills them 30 s after the signal and the bootstrap delivers the stop."""
+        return self.has("shutdown-timeout")
+
+
+def flags(environ: Mapping[str, str], wanted: Mapping[str, str]) -> tuple[list[str], list[str]]:
+    """`--flag value` pairs, leaving out every flag the user set as PET_<FLAG> (torchrun reads
+    those itself, and a flag on the command line would beat the user's value)."""
+    argv: list[str] = []
+    kept: list[str] = []
+    for flag, value in wanted.items():
+        pet = "PET_" + flag.upper().replace("-", "_")
+        if pet in environ:
+            kept.append(pet)
+        else:
+            argv += [f"--{flag}", value]
+    return argv, kept
+
+
+def command(python: str, flag_argv: list[str]) -> tuple[str, ...]:
+    """torchrun's whole command line: its options, then our worker module and nothing else."""
+    return (python, "-m", MODULE, *flag_argv, "-m", WORKER_MODULE)
+
+
+def rendezvous_flags(
+    topology: Topology, master_addr: str, master_port: int, restarts: int, job_name: object
+) -> dict[str, str]:
+    """How the hosts meet: torchrun's static rendezvous, or c10d's when the group may restart.
+
+    Static rendezvous keeps one TCPStore for every attempt with no per-attempt prefix, so a
+    restarted rank can read a dead peer's address from the first attempt and fail to connect;
+    c10d's rendezvous, with its store not shared with the workers (the plan sets
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE), gives every attempt a fresh store. Node rank 0
+    hosts the rendezvous store (said outright: resolving the master's name is no proof of being
+    it); where the host names are real, each host advertises its own, so whichever node c10d
+    makes rank 0 is reached by every worker.
+    """
+    if restarts == 0:
+        return {
+            "node-rank": str(topology.node_rank),
+            "master-addr": master_addr,
+            "master-port": str(master_port),
+            "max-restarts": "0",
+        }
+    wanted = {
+        "rdzv-backend": "c10d",
+        "rdzv-endpoint": f"{master_addr}:{master_port}",
+        "rdzv-id": str(job_name or "container-entry"),
+        "rdzv-conf": f"is_host={'true' if topology.node_rank == 0 else 'false'}",
+    }
+    # the node that c10d makes rank 0 advertises this address to every worker
+    if len(topology.hosts) == 1:
+        wanted["local-addr"] = "127.0.0.1"
+    elif topology.coordinated:  # a source that knows every host's real name (SageMaker)
+        wanted["local-addr"] = topology.current_host
+    # else (torchrun-style env: host names unknown) torch's own default, the host's FQDN
+    return {**wanted, "max-restarts": str(restarts)}

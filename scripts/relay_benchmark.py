@@ -1,0 +1,494 @@
+"""Steps per second of a log-heavy DDP loop: our launch against bare torchrun, same machine.
+
+A tiny DDP MLP (gloo, 2 workers on this host, OMP_NUM_THREADS=1 for both) prints one line per
+step and, in the heavier scenarios, 20 lines of ~100 bytes per step, to stdout or to stderr
+(logging and tqdm write to stderr). Each scenario runs under
+
+  torchrun  `python -m torch.distributed.run --nproc-per-node 2 WORKLOAD`: the workers write
+            straight to the job's stdout/stderr (Python block-buffers stdout on a pipe)
+  ours      `python -m container_entry train WORKLOAD` (a temporary /opt/ml tree): every line
+            relayed by the per-rank wrapper (tagged, masked, rank log, rank record)
+
+in alternation (the order flips every round), both writing into pipes this script drains, as
+docker's log pipe would. Rank 0 times its steps after a warm-up; each rank also reads the CPU
+seconds of its ancestors (/proc) over the same window: for ours the wrapper, torchrun and the
+bootstrap, whose sum over both ranks' wrappers plus the bootstrap is "relay CPU".
+Results: median (min-max) over the rounds; the ratio is the median of the per-round ratios.
+
+    python scripts/relay_benchmark.py [--rounds 5] [--steps 3000] [--before DIR] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = REPO / "docs" / "benchmarks.md"
+BEGIN, END = "<!-- generated: make bench-relay -->", "<!-- end generated: make bench-relay -->"
+GOALS = {1: 0.98, 20: 0.95}  # lines per step -> ours / torchrun at least
+BEFORE: dict[str, Path] = {}  # launcher name -> folder holding another container_entry
+SCENARIOS = [(1, "stdout"), (1, "stderr"), (20, "stdout"), (20, "stderr")]
+
+WORKLOAD = r'''
+"""Tiny DDP MLP step loop that prints `--lines` extra lines per step to `--stream`."""
+import argparse, json, os, sys, time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=1000)
+parser.add_argument("--warmup", type=int, default=100)
+parser.add_argument("--lines", type=int, default=0)
+parser.add_argument("--stream", default="stdout")
+parser.add_argument("--out", required=True)
+args = parser.parse_args()
+
+
+def cpu(pid):
+    """utime + stime of a process (all its threads), seconds, and its parent and name."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            stat = handle.read()
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            cmd = handle.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[1]), cmd
+
+
+def ancestors():
+    """CPU of this process and of its ancestors up to (not past) the benchmark itself."""
+    found, pid = {}, os.getpid()
+    for _ in range(4):
+        sample = cpu(pid)
+        if sample is None:
+            break
+        seconds, parent, cmd = sample
+        found[pid] = (seconds, cmd)
+        if "relay_benchmark" in cmd:
+            break
+        pid = parent
+    return found
+
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DistributedDataParallel(
+    torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(16, 32), torch.randn(16, 1)
+stream = sys.stderr if args.stream == "stderr" else sys.stdout
+filler = "abcdefghij" * 8
+for step in range(args.steps):
+    if step == args.warmup:
+        began, before = time.perf_counter(), ancestors()
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    print(f"step {step} loss {loss.item():.5f}", file=stream)
+    for line in range(args.lines):
+        print(f"step {step:6d} line {line:2d} {filler}", file=stream)
+elapsed, after = time.perf_counter() - began, ancestors()
+cpu_window = {
+    str(pid): {"cmd": cmd, "seconds": after[pid][0] - before[pid][0]}
+    for pid, (_, cmd) in before.items()
+    if pid in after
+}
+result = {
+    "rank": rank,
+    "steps_per_s": (args.steps - args.warmup) / elapsed,
+    "lines": (args.steps - args.warmup) * (1 + args.lines),
+    "cpu": cpu_window,
+}
+with open(os.path.join(args.out, f"rank-{rank}.json"), "w") as handle:
+    json.dump(result, handle)
+# no destroy_process_group(): gloo's teardown now and then aborts ("terminate called without
+# an active exception"), which has nothing to do with what is measured
+sys.stdout.flush()
+sys.stderr.flush()
+os._exit(0)
+'''
+
+
+def free_port() -> int:
+    """A port with its neighbour free too (the bootstrap's side channel uses port + 1)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        if port < 65000:
+            with socket.socket() as other:
+                try:
+                    other.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+            return port
+    raise SystemExit("no free port pair")
+
+
+def make_tree(base: Path) -> None:
+    config = base / "input" / "config"
+    config.mkdir(parents=True)
+    resource = {"current_host": "algo-1", "hosts": ["algo-1"], "network_interface_name": "lo"}
+    (config / "resourceconfig.json").write_text(json.dumps(resource))
+    (config / "hyperparameters.json").write_text("{}")
+    (config / "inputdataconfig.json").write_text("{}")
+    (base / "code").mkdir()
+
+
+def clean_env() -> dict[str, str]:
+    prefixes = ("SM_", "PET_", "SAGEMAKER_", "CONTAINER_ENTRY_", "OMP_", "PYTHONUNBUFFERED")
+    return {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+
+
+class Drain(threading.Thread):
+    """Reads one output pipe of the job to its end, as docker's log pipe would; counts lines."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__(daemon=True)
+        self.fd, self.lines, self.tail = fd, 0, b""
+
+    def run(self) -> None:
+        while chunk := os.read(self.fd, 1 << 20):
+            self.lines += chunk.count(b"\n")
+            self.tail = (self.tail + chunk)[-4000:]
+
+
+def idle_share(seconds: float = 1.0) -> float:
+    """Share of this machine's CPU time that was idle over `seconds` (/proc/stat)."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as handle:
+            fields = [int(x) for x in handle.readline().split()[1:]]
+        return fields[3] + fields[4], sum(fields)
+
+    idle0, total0 = sample()
+    time.sleep(seconds)
+    idle1, total1 = sample()
+    return (idle1 - idle0) / max(1, total1 - total0)
+
+
+def wait_until_quiet(threshold: float, limit: float) -> float:
+    """Wait (up to `limit` s) until the machine is at least `threshold` idle: other work on
+    a 2-CPU machine moves steps/s more than the relay does. Returns the idle share seen."""
+    deadline = time.monotonic() + limit
+    while True:
+        share = idle_share()
+        if share >= threshold or time.monotonic() > deadline:
+            return share
+
+
+class RunFailed(Exception):
+    pass
+
+
+def run_once(launcher: str, lines: int, stream: str, steps: int, extra_env: dict) -> dict:
+    with tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp:
+        base = Path(tmp)
+        make_tree(base)
+        workload = base / "code" / "relay_workload.py"
+        workload.write_text(WORKLOAD)
+        out = base / "result"
+        out.mkdir()
+        port = free_port()
+        script_args = [
+            "--steps", str(steps), "--lines", str(lines), "--stream", stream, "--out", str(out)
+        ]  # fmt: skip
+        env = {**clean_env(), "OMP_NUM_THREADS": "1", **extra_env}
+        if launcher.startswith("torchrun"):
+            if launcher == "torchrun-u":  # the workers unbuffered, as ours runs them (-u)
+                env["PYTHONUNBUFFERED"] = "1"
+            argv = [
+                sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                "--master-port", str(port), str(workload), *script_args,
+            ]  # fmt: skip
+        else:
+            argv = [sys.executable, "-m", "container_entry", "train", str(workload), *script_args]
+            if launcher != "ours":  # another copy of container_entry: --before DIR
+                env["PYTHONPATH"] = os.pathsep.join(
+                    p for p in (str(BEFORE[launcher]), env.get("PYTHONPATH")) if p
+                )
+            env.update(
+                SAGEMAKER_BASE_DIR=str(base),
+                PET_NPROC_PER_NODE="2",
+                CONTAINER_ENTRY_MASTER_PORT=str(port),
+            )
+        started = time.monotonic()
+        process = subprocess.Popen(
+            argv, env=env, cwd=str(base / "code"), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        assert process.stdout is not None and process.stderr is not None
+        drains = [Drain(process.stdout.fileno()), Drain(process.stderr.fileno())]
+        for drain in drains:
+            drain.start()
+        _, status, usage = os.wait4(process.pid, 0)
+        process.returncode = os.waitstatus_to_exitcode(status)
+        for drain in drains:
+            drain.join(timeout=30)
+        wall = time.monotonic() - started
+        if process.returncode != 0:
+            raise RunFailed(
+                f"{launcher} failed ({process.returncode}):\n"
+                + drains[0].tail.decode(errors="replace")
+                + drains[1].tail.decode(errors="replace")
+            )
+        ranks = [json.loads((out / f"rank-{r}.json").read_text()) for r in (0, 1)]
+    roles: dict[str, float] = {"wrapper": 0.0, "bootstrap": 0.0, "torchrun": 0.0, "script": 0.0}
+    seen: set[str] = set()
+    for rank in ranks:
+        for pid, item in rank["cpu"].items():
+            if pid not in seen:
+                seen.add(pid)
+                roles[role(item["cmd"])] += item["seconds"]
+    return {
+        "steps_per_s": ranks[0]["steps_per_s"],
+        "lines": sum(r["lines"] for r in ranks),
+        "relay_cpu": roles["wrapper"] + roles["bootstrap"],
+        "cpu": roles,
+        "job_cpu": usage.ru_utime + usage.ru_stime,
+        "wall": wall,
+        "lines_seen": drains[0].lines + drains[1].lines,
+        "processes": {pid: item for rank in ranks for pid, item in rank["cpu"].items()},
+    }
+
+
+def role(cmd: str) -> str:
+    """Which process of the job a command line is (torchrun's names the wrapper module)."""
+    if "torch.distributed.run" in cmd:
+        return "torchrun"
+    if "-m container_entry.worker" in cmd:
+        return "wrapper"
+    if "-m container_entry" in cmd:
+        return "bootstrap"
+    return "script"
+
+
+def spread(values: list[float], fmt: str = "{:.1f}") -> str:
+    return (
+        f"{fmt.format(statistics.median(values))} "
+        f"({fmt.format(min(values))}-{fmt.format(max(values))})"
+    )
+
+
+def label(lines: int, stream: str) -> str:
+    return f"1, {stream}" if lines <= 1 else f"{1 + lines} (1 + {lines}), {stream}"
+
+
+def ratios(cell: dict, name: str) -> list[float]:
+    """Per-round ratio to bare torchrun of the same round."""
+    pairs = zip(cell[name], cell["torchrun"], strict=True)
+    return [o["steps_per_s"] / b["steps_per_s"] for o, b in pairs]
+
+
+def per_million(runs: list[dict], key: str = "relay_cpu") -> list[float]:
+    return [(r["cpu"][key] if key in r["cpu"] else r[key]) / r["lines"] * 1e6 for r in runs]
+
+
+def render(results: dict, meta: dict) -> str:
+    """The markdown block: steps/s with the goals, then where the relay's CPU goes."""
+    before = any("before" in cell for cell in results.values())
+    unbuffered = any("torchrun-u" in cell for cell in results.values())
+    head = "| lines per step, stream | bare torchrun, steps/s | ours, steps/s | ours / torchrun "
+    head += "| goal | met |"
+    rule = "|---|---|---|---|---|---|"
+    if before:
+        head += " before this change, steps/s | before / torchrun |"
+        rule += "---|---|"
+    if unbuffered:
+        head += " torchrun, workers unbuffered, steps/s | ours / that |"
+        rule += "---|---|"
+    rows = [head, rule]
+    for (lines, stream), cell in results.items():
+        goal = GOALS.get(lines, GOALS[20])
+        ratio = ratios(cell, "ours")
+        met = "yes" if statistics.median(ratio) >= goal else "**no**"
+        row = (
+            f"| {label(lines, stream)} | {spread([r['steps_per_s'] for r in cell['torchrun']])} "
+            f"| {spread([r['steps_per_s'] for r in cell['ours']])} "
+            f"| {spread(ratio, '{:.2f}x')} | ≥ {goal:.2f}x | {met} |"
+        )
+        if before:
+            row += (
+                f" {spread([r['steps_per_s'] for r in cell['before']])} "
+                f"| {spread(ratios(cell, 'before'), '{:.2f}x')} |"
+            )
+        if unbuffered:
+            pairs = zip(cell["ours"], cell["torchrun-u"], strict=True)
+            row += (
+                f" {spread([r['steps_per_s'] for r in cell['torchrun-u']])} "
+                f"| {spread([o['steps_per_s'] / u['steps_per_s'] for o, u in pairs], '{:.2f}x')} |"
+            )
+        rows.append(row)
+    cpu_head = (
+        "| lines per step, stream | relay CPU s per million lines, ours "
+        "| of it: wrappers | of it: bootstrap |"
+    )
+    cpu_rule = "|---|---|---|---|"
+    if before:
+        cpu_head += " before: relay | of it: wrappers | of it: bootstrap |"
+        cpu_rule += "---|---|---|"
+    cpu_head += " whole job CPU s: torchrun | ours |"
+    cpu_rule += "---|---|"
+    cpu_rows = [cpu_head, cpu_rule]
+    for (lines, stream), cell in results.items():
+        row = f"| {label(lines, stream)} "
+        names = ["ours", "before"] if before else ["ours"]
+        for name in names:
+            row += (
+                f"| {spread(per_million(cell[name]))} "
+                f"| {spread(per_million(cell[name], 'wrapper'))} "
+                f"| {spread(per_million(cell[name], 'bootstrap'))} "
+            )
+        row += (
+            f"| {spread([r['job_cpu'] for r in cell['torchrun']])} "
+            f"| {spread([r['job_cpu'] for r in cell['ours']])} |"
+        )
+        cpu_rows.append(row)
+    return "\n".join(
+        [
+            f"Generated by `make bench-relay` on {meta['when']}: {meta['cpus']} CPUs, Python "
+            f"{meta['python']}, torch {meta['torch']}; {meta['rounds']} alternated rounds of "
+            f"{meta['steps']} steps ({meta['steps'] - 100} timed after 100 warm-up steps), 2 "
+            "workers, gloo, `OMP_NUM_THREADS=1`; each run started once the CPUs were at least "
+            f"{meta['idle']:.0%} idle (median idle share before a run "
+            f"{meta['idle_seen']:.0%}). Cells: median (min-max) over the rounds; a ratio is "
+            "the median of the per-round ratios."
+            + (
+                " *before this change*: the same tree with the previous worker.py and "
+                "launch.py (two pump threads per rank, stderr through the bootstrap)."
+                if before
+                else ""
+            ),
+            "",
+            *rows,
+            "",
+            "CPU over the timed window, from /proc: *relay* is both ranks' wrappers plus the "
+            "bootstrap (its monitor loop, and before this change its stderr pump); *whole job* "
+            "is every process of the run, start-up included (`wait4`).",
+            "",
+            *cpu_rows,
+        ]
+    )
+
+
+def write_docs(path: Path, table: str) -> None:
+    text = path.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{path}: no {BEGIN} ... {END} block to replace")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    path.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument(
+        "--scenarios", default=",".join(f"{n}:{s}" for n, s in SCENARIOS), help="e.g. 20:stderr"
+    )
+    parser.add_argument(
+        "--idle",
+        type=float,
+        default=0.8,
+        help="before each run wait (up to 120 s) until this share of the CPUs is idle; 0: never",
+    )
+    parser.add_argument(
+        "--before",
+        type=Path,
+        help="a folder with another container_entry package (e.g. `git archive HEAD "
+        "container_entry | tar -x -C DIR`): adds launcher `before`, run in every round too",
+    )
+    parser.add_argument(
+        "--unbuffered",
+        action="store_true",
+        help="adds launcher `torchrun-u`: bare torchrun with PYTHONUNBUFFERED=1 (what `-u` costs)",
+    )
+    parser.add_argument("--out", type=Path, default=DOCS)
+    parser.add_argument("--json", type=Path, default=REPO / "build" / "relay-benchmark.json")
+    parser.add_argument("--from-json", type=Path, help="render a previous run's results only")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args()
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        results = {(int(k.split(":")[0]), k.split(":")[1]): v for k, v in saved["results"].items()}
+        meta = saved["meta"]
+    else:
+        results, meta = measure(args)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        saved = {"meta": meta, "results": {f"{n}:{s}": v for (n, s), v in results.items()}}
+        args.json.write_text(json.dumps(saved, indent=1))
+    table = render(results, meta)
+    print(table)
+    if not args.no_write:
+        write_docs(args.out, table)
+        print(f"written: {args.out}")
+    return 0
+
+
+def measure(args: argparse.Namespace) -> tuple[dict, dict]:
+    import torch
+
+    scenarios = [(int(n), s) for n, s in (item.split(":") for item in args.scenarios.split(","))]
+    launchers = ["torchrun", "ours"]
+    if args.before:
+        BEFORE["before"] = args.before.resolve()
+        launchers.append("before")
+    if args.unbuffered:
+        launchers.append("torchrun-u")
+    results: dict = {key: {name: [] for name in launchers} for key in scenarios}
+    idle_seen = []
+    for round_no in range(args.rounds):
+        for lines, stream in scenarios:
+            order = launchers if round_no % 2 == 0 else list(reversed(launchers))
+            for name in order:
+                idle = wait_until_quiet(args.idle, 120) if args.idle else 1.0
+                idle_seen.append(idle)
+                try:
+                    result = run_once(name, lines, stream, args.steps, {})
+                except RunFailed as error:  # once: a crash that is not the launcher's
+                    print(f"{name} failed, running it again: {str(error)[-1000:]}", flush=True)
+                    result = run_once(name, lines, stream, args.steps, {})
+                result["idle_before"] = idle
+                results[(lines, stream)][name].append(result)
+                print(
+                    f"round {round_no + 1} {lines:>2} lines {stream:<6} {name:<8} "
+                    f"{result['steps_per_s']:7.1f} steps/s  lines {result['lines_seen']}  cpu "
+                    + " ".join(f"{k} {v:.2f}" for k, v in result["cpu"].items())
+                    + f" s  job {result['job_cpu']:.1f} s  wall {result['wall']:.1f} s  "
+                    f"idle before {idle:.0%}",
+                    flush=True,
+                )
+    meta = {
+        "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__.split("+")[0],
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "idle": args.idle,
+        "idle_seen": statistics.median(idle_seen),
+    }
+    return results, meta
+
+
+if __name__ == "__main__":
+    sys.exit(main())

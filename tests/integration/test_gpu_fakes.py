@@ -1,0 +1,152 @@
+"""The GPU paths on a machine without a GPU: real bootstrap and torch processes, with fakes
+standing in for what cannot exist here. Each test says what its fake stands in for."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from container_entry.preflight import check_visible_gpus
+from tests.integration.conftest import bootstrap_argv, bootstrap_env, make_tree, run
+
+
+def fake_binary(folder: Path, name: str, script: str) -> Path:
+    folder.mkdir(exist_ok=True)
+    path = folder / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(0o755)
+    return path
+
+
+def with_fake_driver(argv: list[str], driver_root: Path) -> list[str]:
+    """Run argv where /proc/driver is `driver_root` (a private mount namespace; needs root):
+    stands in for the NVIDIA kernel driver's /proc/driver/nvidia/gpus/<pci id> entries."""
+    script = 'mount --bind "$0" /proc/driver && exec "$@"'
+    return ["unshare", "--mount", "--", "sh", "-c", script, str(driver_root), *argv]
+
+
+@pytest.fixture
+def root_namespaces():
+    if os.geteuid() != 0:
+        pytest.fail("this test needs root for a private mount namespace (CI runs as root)")
+
+
+def test_a_failing_nvidia_smi_on_a_driver_host_is_refused_not_run_on_cpu(tmp_path, root_namespaces):
+    """Fake `nvidia-smi` exiting 9 with NVIDIA's message stands in for a driver/library
+    mismatch; a fake /proc/driver/nvidia/gpus for the driver of an 8-GPU host."""
+    bin_dir = tmp_path / "bin"
+    fake_binary(
+        bin_dir,
+        "nvidia-smi",
+        'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."'
+        " >&2\nexit 9\n",
+    )
+    driver = tmp_path / "driver"
+    for index in range(8):
+        (driver / "nvidia" / "gpus" / f"0000:{16 + index:02x}:1c.0").mkdir(parents=True)
+    tree = make_tree(tmp_path)
+    env = bootstrap_env(tree, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    env["SAGEMAKER_PROGRAM"] = "ddp_probe.py"
+
+    plan = run(with_fake_driver([*bootstrap_argv()[:-1], "plan"], driver), env, timeout=60)
+    assert plan.returncode == 2, plan.stderr
+    data = json.loads(plan.stdout)
+    assert data["num_gpus"] == 8 and data["backend"] == "nccl"
+    assert "ACCELERATE_USE_CPU" not in data["env"]
+    assert any("`nvidia-smi -L` failed: exit code 9" in p for p in data["problems"])
+
+    done = run(with_fake_driver(bootstrap_argv(), driver), env, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    failure = (tree.output / "failure").read_text()
+    assert "couldn't communicate with the NVIDIA driver" in failure
+    assert "started rank" not in done.stdout
+
+
+def test_preflight_deadline_names_the_rank_stuck_before_joining(tmp_path):
+    """The stall hook stands in for a rank hung in a CUDA call (a wedged GPU) before it joins:
+    the deadline names that rank and its stage, not the rank that waited for it."""
+    tree = make_tree(tmp_path)
+    env = bootstrap_env(
+        tree,
+        SAGEMAKER_PROGRAM="ddp_probe.py",
+        PET_NPROC_PER_NODE="2",
+        CONTAINER_ENTRY_PREFLIGHT="true",
+        _CONTAINER_ENTRY_PREFLIGHT_DEADLINE="25",
+        _CONTAINER_ENTRY_PREFLIGHT_STALL="1:gpu-count",
+    )
+    done = run(bootstrap_argv(), env, timeout=180)
+    assert done.returncode != 0, done.stderr[-3000:]
+    line = (tree.output / "failure").read_text().splitlines()[0]
+    assert line.startswith("preflight failed, the script did not start"), line
+    assert "preflight check 'deadline' failed on host algo-1" in line, line
+    assert "rank 1 (local 1) on algo-1 still in 'gpu-count' (for " in line, line
+    assert "1 other rank(s) got further" in line, line
+    assert "started rank" not in done.stdout
+
+
+def test_preflight_passes_on_cpu_with_bus_bandwidth(tmp_path):
+    tree = make_tree(tmp_path)
+    env = bootstrap_env(
+        tree,
+        SAGEMAKER_PROGRAM="ddp_probe.py",
+        PET_NPROC_PER_NODE="2",
+        CONTAINER_ENTRY_PREFLIGHT="true",
+    )
+    done = run(bootstrap_argv(), env, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    output = done.stdout + done.stderr
+    assert "preflight ok on algo-1: 2 workers, 0 GPUs, all_reduce latency" in output
+    assert "bus bandwidth" in output and "(8 MiB, world 2)" in output
+
+
+def test_gpu_check_with_the_real_torch_of_this_venv():
+    """This venv's torch is a CUDA build on a machine without a GPU: it sees 0 devices."""
+    line = check_visible_gpus(sys.executable, 2, dict(os.environ), timeout=120)
+    assert line is not None and "sees 0 GPUs, but 2 GPUs were counted" in line, line
+    assert "CUDA runtime" in line and "NVIDIA driver" in line
+    assert check_visible_gpus(sys.executable, 0, dict(os.environ)) is None
+
+
+def test_gpu_check_names_an_old_driver(tmp_path):
+    """A fake python printing the probe's answer stands in for torch on a p5 whose driver
+    (535, CUDA 12.2) is older than torch's CUDA runtime (13.0)."""
+    answer = {
+        "torch": "2.9.0+cu130",
+        "cuda": "13.0",
+        "count": 0,
+        "driver_cuda": 12020,
+        "driver": "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.183.01  Sun May 12",
+        "warnings": [
+            "CUDA initialization: The NVIDIA driver on your system is too old (found version "
+            "12020)."
+        ],
+    }
+    python = fake_binary(tmp_path, "python", f"echo '{json.dumps(answer)}'\n")
+    line = check_visible_gpus(str(python), 8, {})
+    assert line == (
+        "torch 2.9.0+cu130 sees 0 GPUs, but 8 GPUs were counted; NVIDIA driver 535.183.01 "
+        "(supports CUDA 12.2), CUDA runtime 13.0; torch said: CUDA initialization: The NVIDIA "
+        "driver on your system is too old (found version 12020)."
+    )
+    fine = fake_binary(tmp_path, "python8", """echo '{"torch": "2.9.0", "count": 8}'\n""")
+    assert check_visible_gpus(str(fine), 8, {}) is None
+    hung = fake_binary(tmp_path, "hung", "exec sleep 30\n")
+    assert "did not answer within 1 s" in check_visible_gpus(str(hung), 8, {}, timeout=1)
+    broken = fake_binary(tmp_path, "broken", "echo 'Segmentation fault' >&2; exit 139\n")
+    assert "exit code 139: Segmentation fault" in check_visible_gpus(str(broken), 8, {})
+
+
+def test_gpu_check_environment_reaches_the_probe(tmp_path):
+    """CUDA_VISIBLE_DEVICES of the workers is what the probe sees (a fake python echoes it)."""
+    python = fake_binary(
+        tmp_path,
+        "python",
+        'n=$(echo "$CUDA_VISIBLE_DEVICES" | tr , "\\n" | grep -c .)\n'
+        'echo "{\\"torch\\": \\"x\\", \\"count\\": $n}"\n',
+    )
+    assert check_visible_gpus(str(python), 2, {"CUDA_VISIBLE_DEVICES": "0,1"}) is None
+    assert "sees 1 GPU," in check_visible_gpus(str(python), 2, {"CUDA_VISIBLE_DEVICES": "3"})

@@ -1,0 +1,96 @@
+"""The hang watchdog (HANG_TIMEOUT) on real torchrun workers: one host, and two hosts on one
+machine (each bootstrap in its own mount namespace resolving algo-1/algo-2), with the rank
+that hangs on the other host than the master."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from tests.integration.conftest import REPO, make_tree, with_hosts_file
+from tests.integration.test_faults import alive, finish, first_line, start, worker_pids
+
+PROBE = REPO / "tests" / "scripts" / "hang_probe.py"
+TIMEOUT = 6  # seconds of silence; the start-up (torch import, rendezvous) is well inside it
+
+
+def _start(tree, hps, **env):
+    (tree.base / "code" / "fault_probe.py").write_bytes(PROBE.read_bytes())  # start() runs it
+    encoded = {name: json.dumps(value) for name, value in hps.items()}  # as SageMaker writes them
+    return start(tree, encoded, CONTAINER_ENTRY_HANG_TIMEOUT=str(TIMEOUT), **env)
+
+
+def _failure(tree) -> str:
+    return (tree.output / "failure").read_text()
+
+
+@pytest.mark.parametrize(
+    ("mode", "stuck_in"),
+    [("deadlock", "stuck_in_python"), ("collective", "quiet_forever")],
+)
+def test_a_hung_rank_ends_the_job_naming_where_each_rank_was(tmp_path, mode, stuck_in):
+    tree = make_tree(tmp_path, script=None)
+    started = time.monotonic()
+    returncode, _, err = finish(_start(tree, {"mode": mode}), timeout=120)
+    elapsed = time.monotonic() - started
+    assert returncode == 124, err[-3000:]
+    assert first_line(tree) == f"hung: no output from any rank for {TIMEOUT} s"
+    text = _failure(tree)
+    assert "rank 1 was at fault_probe.py:" in text and f"in {stuck_in}" in text, text
+    assert "rank 0 was at fault_probe.py:" in text, text  # the one waiting for it, too
+    assert elapsed < TIMEOUT + 40, elapsed
+    assert not any(alive(pid) for pid in worker_pids(tree))
+
+
+@pytest.mark.parametrize(
+    "hps",
+    [
+        {"mode": "steady", "seconds": str(TIMEOUT * 2.5), "every": str(TIMEOUT / 3)},
+        {"mode": "progress", "seconds": str(TIMEOUT * 2.5), "every": str(TIMEOUT / 3)},
+    ],
+    ids=["prints-slowly", "reports-progress-silently"],
+)
+def test_a_slow_but_steady_job_is_never_declared_hung(tmp_path, hps):
+    tree = make_tree(tmp_path, script=None)
+    returncode, _, err = finish(_start(tree, hps), timeout=120)
+    assert returncode == 0, err[-3000:]
+    assert (tree.output / "success").exists()
+
+
+def _two_hosts(tmp_path, hosts_file, hps, port):
+    hosts = ("algo-1", "algo-2")
+    trees = [make_tree(tmp_path, script=None, current_host=h, hosts=hosts) for h in hosts]
+    processes = [
+        _start(
+            t,
+            hps,
+            argv_wrap=lambda a: with_hosts_file(a, hosts_file),
+            CONTAINER_ENTRY_MASTER_PORT=port,
+        )
+        for t in trees
+    ]
+    return trees, [finish(p, timeout=180) for p in processes]
+
+
+def test_a_rank_blocked_on_one_host_ends_every_host(tmp_path, hosts_file):
+    """Rank 3 (on algo-2) blocks forever without printing; ranks 0-2 wait in an all_reduce."""
+    trees, results = _two_hosts(tmp_path, hosts_file, {"mode": "collective", "rank": "3"}, "29641")
+    for (returncode, _, err), tree in zip(results, trees, strict=True):
+        assert returncode == 124, err[-3000:]
+        assert first_line(tree) == f"hung: no output from any rank on any host for {TIMEOUT} s"
+        assert not any(alive(pid) for pid in worker_pids(tree))
+    assert "rank 3 was at fault_probe.py:" in _failure(trees[1])
+    assert "in quiet_forever" in _failure(trees[1])
+    assert "rank 0 was at fault_probe.py:" in _failure(trees[0])
+
+
+def test_output_on_one_host_keeps_every_host_alive(tmp_path, hosts_file):
+    """algo-1's ranks are silent for longer than the timeout while rank 3 on algo-2 prints:
+    the job is not hung (no rank on any host is silent is the rule, not every host)."""
+    hps = {"mode": "one-talks", "rank": "3", "seconds": str(TIMEOUT * 2.5), "every": "1"}
+    trees, results = _two_hosts(tmp_path, hosts_file, hps, "29651")
+    for (returncode, _, err), tree in zip(results, trees, strict=True):
+        assert returncode == 0, err[-3000:]
+        assert (tree.output / "success").exists()

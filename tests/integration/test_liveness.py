@@ -1,0 +1,414 @@
+"""A host that dies, freezes or drops off the network is noticed, in real processes.
+
+Two real bootstraps on one machine, each with two real torchrun workers, resolving algo-1 and
+algo-2 through a private /etc/hosts (a mount namespace each; needs root). One host's bootstrap
+is killed (SIGKILL), frozen (SIGSTOP) or cut off the network (each host in its own network
+namespace joined by a veth pair; the link goes down): the other must stop, naming it, within the
+bound docs/liveness.md states. Also: a torchrun failure with no rank record reaches the other
+host, peers of a master that gives up name the host that never joined, and a stop at any phase
+of one host's start ends both hosts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from container_entry.coordination import HEARTBEAT_INTERVAL, LIVENESS_TIMEOUT
+from tests.integration.conftest import (
+    REPO,
+    MlTree,
+    bootstrap_argv,
+    bootstrap_env,
+    make_tree,
+    with_hosts_file,
+)
+
+FAULT = REPO / "tests" / "scripts" / "fault_probe.py"
+HOSTS = ("algo-1", "algo-2")
+GRACE = 3.0  # CONTAINER_ENTRY_FAILURE_GRACE_PERIOD in these tests
+# docs/liveness.md: a vanished host is noticed within the liveness timeout, a heartbeat and
+# the relay; the rest is the survivors' own teardown (the failure grace) and exit
+NOTICED_WITHIN = LIVENESS_TIMEOUT + HEARTBEAT_INTERVAL + 1.0
+EXITED_WITHIN = NOTICED_WITHIN + GRACE + 6.0
+TRAINING = {"steps": "100000", "step-seconds": "0.2"}
+
+
+@pytest.fixture
+def root_and_unshare():
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.fail("two-host tests need root and unshare (CI runs as root)")
+
+
+@dataclass
+class Host:
+    name: str
+    tree: MlTree
+    process: subprocess.Popen
+    lines: list[tuple[float, str]] = field(default_factory=list)  # (time, stderr line)
+
+    def drain(self) -> None:
+        def read(stream, keep):
+            for line in stream:
+                if keep:
+                    self.lines.append((time.time(), line.rstrip("\n")))
+
+        assert self.process.stdout is not None and self.process.stderr is not None
+        threading.Thread(target=read, args=(self.process.stdout, False), daemon=True).start()
+        threading.Thread(target=read, args=(self.process.stderr, True), daemon=True).start()
+
+    def first_line(self) -> str:
+        return (self.tree.output / "failure").read_text().splitlines()[0]
+
+    def when(self, text: str) -> float | None:
+        return next((t for t, line in self.lines if text in line), None)
+
+    def stderr(self) -> str:
+        return "\n".join(line for _, line in self.lines)[-4000:]
+
+    def ranks_started(self, count: int = 2) -> bool:
+        logs = (self.tree.output / "data/container-entry/logs").glob("rank-*.log")
+        return sum("started rank" in path.read_text() for path in logs) == count
+
+    def descendants(self) -> list[int]:
+        """Every process below this bootstrap (torchrun, its workers), read from /proc."""
+        found, todo = [], [self.process.pid]
+        while todo:
+            pid = todo.pop()
+            for task in Path(f"/proc/{pid}/task").glob("*"):
+                with contextlib.suppress(OSError):
+                    children = [int(c) for c in (task / "children").read_text().split()]
+                    found += children
+                    todo += children
+        return found
+
+
+def start_host(
+    tmp_path: Path,
+    name: str,
+    hosts_file: Path,
+    *,
+    hosts: tuple[str, ...] = HOSTS,
+    hps: dict[str, str] | None = None,
+    netns: str | None = None,
+    interface: str = "lo",
+    **env: str,
+) -> Host:
+    tree = make_tree(tmp_path, script=FAULT, current_host=name, hosts=hosts, interface=interface)
+    (tree.base / "input/config/hyperparameters.json").write_text(json.dumps(hps or TRAINING))
+    argv = with_hosts_file(bootstrap_argv(), hosts_file)
+    if netns:
+        argv = ["ip", "netns", "exec", netns, *argv]
+    settings = {
+        "SAGEMAKER_PROGRAM": "fault_probe.py",
+        "PET_NPROC_PER_NODE": "2",
+        "CONTAINER_ENTRY_PREFLIGHT": "false",
+        "CONTAINER_ENTRY_FAILURE_GRACE_PERIOD": str(GRACE),
+        **env,
+    }
+    process = subprocess.Popen(
+        argv,
+        env=bootstrap_env(tree, **settings),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd="/",
+    )
+    host = Host(name, tree, process)
+    host.drain()
+    return host
+
+
+def wait_for(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def hosts_file_for(tmp_path: Path, addresses: dict[str, str]) -> Path:
+    path = tmp_path / "hosts"
+    lines = ["127.0.0.1 localhost", *(f"{ip} {name}" for name, ip in addresses.items())]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def exited_at(host: Host, timeout: float) -> float:
+    """When the host's bootstrap exited (fails the test if it did not within `timeout`)."""
+    try:
+        host.process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{host.name} still running {timeout:g} s later:\n{host.stderr()}")
+    return time.time()
+
+
+def kill_everything(hosts: list[Host], leftovers: list[int]) -> None:
+    for pid in leftovers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGKILL)
+    for host in hosts:
+        for pid in [host.process.pid, *host.descendants()]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            host.process.wait(timeout=10)
+
+
+def start_training(tmp_path: Path, hosts_file: Path, port: int, **kwargs) -> list[Host]:
+    hosts = [
+        start_host(tmp_path, name, hosts_file, CONTAINER_ENTRY_MASTER_PORT=str(port), **kwargs)
+        for name in HOSTS
+    ]
+    if not wait_for(lambda: all(h.ranks_started() for h in hosts), 120):
+        kill_everything(hosts, [])
+        pytest.fail("the job did not start:\n" + "\n".join(h.stderr() for h in hosts))
+    time.sleep(1.0)  # a few steps together
+    return hosts
+
+
+@pytest.mark.parametrize(
+    ("victim", "fault", "expected"),
+    [
+        ("algo-2", "kill", "host algo-2 left the job without a word"),
+        (
+            "algo-2",
+            "freeze",
+            f"host algo-2 stopped answering (no heartbeat for {LIVENESS_TIMEOUT:g} s): its "
+            "bootstrap died, froze or lost the network",
+        ),
+        ("algo-1", "freeze", "lost contact with the master host algo-1"),
+    ],
+)
+def test_a_host_whose_bootstrap_dies_or_freezes_is_named_within_the_bound(
+    tmp_path, root_and_unshare, victim, fault, expected
+):
+    hosts_file = hosts_file_for(tmp_path, {"algo-1": "127.0.0.1", "algo-2": "127.0.0.1"})
+    port = 29700 + 10 * ["kill", "freeze"].index(fault) + (victim == "algo-1")
+    hosts = start_training(tmp_path, hosts_file, port)
+    dead = next(h for h in hosts if h.name == victim)
+    survivor = next(h for h in hosts if h.name != victim)
+    leftovers = dead.descendants()  # a killed bootstrap's torchrun and workers live on
+    try:
+        faulted = time.time()
+        os.kill(dead.process.pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+        ended = exited_at(survivor, EXITED_WITHIN + 10)
+        noticed = survivor.when("another host failed") or survivor.when("stopping this host")
+        took = (noticed or ended) - faulted
+        print(
+            f"{fault} {victim}: noticed by {survivor.name} after {took:.1f} s, "
+            f"exited after {ended - faulted:.1f} s"
+        )
+        assert survivor.process.returncode != 0, survivor.stderr()
+        assert survivor.first_line().startswith(expected), survivor.first_line()
+        assert noticed is not None, survivor.stderr()
+        bound = 2.0 if fault == "kill" else NOTICED_WITHIN
+        assert noticed - faulted <= bound, (noticed - faulted, survivor.stderr())
+        assert ended - faulted <= EXITED_WITHIN, ended - faulted
+        if fault == "freeze":  # thawed, the frozen host finds itself alone and stops too
+            os.kill(dead.process.pid, signal.SIGCONT)
+            exited_at(dead, 60)
+            assert dead.process.returncode != 0, dead.stderr()
+    finally:
+        kill_everything(hosts, leftovers)
+
+
+@pytest.fixture
+def two_network_namespaces(root_and_unshare):
+    """algo-1 and algo-2 each in a network namespace of its own, joined by a veth pair named
+    `ce0` on both ends (10.251.0.1 and .2): `cut()` takes the link down, a pulled cable."""
+    if shutil.which("ip") is None:
+        pytest.fail("the network-drop test needs iproute2 (`ip`)")
+    tag = f"{os.getpid() % 100000}"
+    names = (f"ce-{tag}-1", f"ce-{tag}-2")
+
+    def ip(*args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
+
+    try:
+        for ns in names:
+            ip("netns", "add", ns)
+        ip("link", "add", f"v{tag}a", "type", "veth", "peer", "name", f"v{tag}b")
+        for index, (ns, end) in enumerate(zip(names, (f"v{tag}a", f"v{tag}b"), strict=True)):
+            ip("link", "set", end, "netns", ns)
+            ip("-n", ns, "link", "set", end, "name", "ce0")
+            ip("-n", ns, "addr", "add", f"10.251.0.{index + 1}/30", "dev", "ce0")
+            ip("-n", ns, "link", "set", "ce0", "up")
+            ip("-n", ns, "link", "set", "lo", "up")
+    except (subprocess.CalledProcessError, OSError) as error:
+        for ns in names:
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+        pytest.fail(f"cannot make network namespaces here: {error}")
+
+    def cut() -> None:
+        ip("-n", names[1], "link", "set", "ce0", "down")
+
+    yield names, cut
+    for ns in names:
+        subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
+
+
+def test_a_host_cut_off_the_network_is_named_within_the_bound(tmp_path, two_network_namespaces):
+    (ns_one, ns_two), cut = two_network_namespaces
+    hosts_file = hosts_file_for(tmp_path, {"algo-1": "10.251.0.1", "algo-2": "10.251.0.2"})
+    hosts = [
+        start_host(
+            tmp_path,
+            name,
+            hosts_file,
+            netns=ns,
+            interface="ce0",
+            CONTAINER_ENTRY_MASTER_PORT="29731",
+        )
+        for name, ns in zip(HOSTS, (ns_one, ns_two), strict=True)
+    ]
+    try:
+        if not wait_for(lambda: all(h.ranks_started() for h in hosts), 120):
+            pytest.fail("the job did not start:\n" + "\n".join(h.stderr() for h in hosts))
+        time.sleep(1.0)
+        cut_at = time.time()
+        cut()
+        master, member = hosts
+        for host in hosts:
+            ended = exited_at(host, EXITED_WITHIN + 10)
+            noticed = host.when("another host failed") or host.when("stopping this host")
+            print(
+                f"network cut: {host.name} noticed after {(noticed or ended) - cut_at:.1f} s, "
+                f"exited after {ended - cut_at:.1f} s"
+            )
+            assert host.process.returncode != 0, host.stderr()
+            assert noticed is not None and noticed - cut_at <= NOTICED_WITHIN, host.stderr()
+            assert ended - cut_at <= EXITED_WITHIN
+        assert master.first_line().startswith("host algo-2 stopped answering ("), (
+            master.first_line()
+        )
+        assert "lost contact with the master host algo-1" in member.first_line()
+    finally:
+        kill_everything(hosts, [])
+
+
+def test_a_torchrun_failure_with_no_rank_record_reaches_the_other_host(tmp_path, root_and_unshare):
+    """torchrun on algo-2 fails before any rank starts (here: a rendezvous backend that does
+    not exist, as a rendezvous error would): algo-1, whose workers wait for algo-2's, stops
+    and names it rather than hanging until the rendezvous times out."""
+    hosts_file = hosts_file_for(tmp_path, {"algo-1": "127.0.0.1", "algo-2": "127.0.0.1"})
+    master = start_host(tmp_path, "algo-1", hosts_file, CONTAINER_ENTRY_MASTER_PORT="29741")
+    broken = start_host(
+        tmp_path,
+        "algo-2",
+        hosts_file,
+        CONTAINER_ENTRY_MASTER_PORT="29741",
+        PET_RDZV_BACKEND="no-such-backend",
+    )
+    try:
+        failed_at = exited_at(broken, 120)
+        assert broken.process.returncode == 1, broken.stderr()
+        assert broken.first_line().startswith(
+            "torchrun on algo-2 failed with exit code 1 before any rank reported"
+        )
+        ended = exited_at(master, 60)
+        assert master.process.returncode == 1, master.stderr()
+        line = master.first_line()
+        assert line.startswith(
+            "torchrun on algo-2 failed with exit code 1 before any rank reported"
+        ), line
+        assert line.endswith("[first failure; algo-1 stopped because of it]"), line
+        assert ended - failed_at < GRACE + 10, ended - failed_at
+    finally:
+        kill_everything([master, broken], [])
+
+
+def test_peers_of_a_master_that_gives_up_name_the_host_that_never_joined(
+    tmp_path, root_and_unshare
+):
+    hosts = ("algo-1", "algo-2", "algo-3")
+    hosts_file = hosts_file_for(tmp_path, dict.fromkeys(hosts, "127.0.0.1"))
+    settings = {"CONTAINER_ENTRY_MASTER_PORT": "29751", "CONTAINER_ENTRY_JOIN_TIMEOUT": "3"}
+    # the member starts first: its own join timeout passes before the master's
+    member = start_host(tmp_path, "algo-2", hosts_file, hosts=hosts, **settings)
+    time.sleep(1.5)
+    master = start_host(tmp_path, "algo-1", hosts_file, hosts=hosts, **settings)
+    try:
+        for host in (master, member):
+            exited_at(host, 60)
+            assert host.process.returncode == 3, host.stderr()
+        assert master.first_line() == "NetworkError: host(s) algo-3 never joined the job within 3 s"
+        assert member.first_line() == (
+            "host(s) algo-3 never joined the job within 3 s (the master algo-1 gave up "
+            "waiting); algo-2 started no worker because of it"
+        )
+        assert not (member.tree.output / "data/container-entry/logs").exists()
+    finally:
+        kill_everything([master, member], [])
+
+
+@pytest.mark.parametrize("phase", ["reaching the master", "joining", "launching", "training"])
+def test_a_stop_at_any_phase_of_one_host_s_start_ends_every_host(tmp_path, root_and_unshare, phase):
+    """SIGTERM to algo-2 while it waits to reach the master (0.3 s: the master starts at 1 s),
+    waits in the join for algo-3 (2 s: algo-3 never comes), launches (4 s: algo-3 started at
+    3 s), trains (once its rank printed): algo-2 exits 143 as a stopped job; the others never
+    hang and name algo-2."""
+    hosts = ("algo-1", "algo-2", "algo-3")
+    hosts_file = hosts_file_for(tmp_path, dict.fromkeys(hosts, "127.0.0.1"))
+    index = ["reaching the master", "joining", "launching", "training"].index(phase)
+    settings = {
+        "CONTAINER_ENTRY_MASTER_PORT": str(29760 + 2 * index),
+        "CONTAINER_ENTRY_JOIN_TIMEOUT": "10",
+        "PET_NPROC_PER_NODE": "1",
+    }
+    started = time.monotonic()
+    stopped = start_host(tmp_path, "algo-2", hosts_file, hosts=hosts, **settings)
+    others: list[Host] = []
+    stop_at = {"reaching the master": 0.3, "joining": 2.0, "launching": 4.0}.get(phase)
+
+    def stop_now() -> None:
+        stopped.process.send_signal(signal.SIGTERM)
+
+    try:
+        # while algo-2 waits in the join, algo-3 never comes; else it starts at 3 s
+        later = (("algo-1", 1.0),) if phase == "joining" else (("algo-1", 1.0), ("algo-3", 3.0))
+        for name, at in later:
+            if stop_at is not None and stop_at < at and stopped.process.returncode is None:
+                time.sleep(max(0.0, started + stop_at - time.monotonic()))
+                stop_now()
+                stop_at = None
+            time.sleep(max(0.0, started + at - time.monotonic()))
+            others.append(start_host(tmp_path, name, hosts_file, hosts=hosts, **settings))
+        if stop_at is not None:
+            time.sleep(max(0.0, started + stop_at - time.monotonic()))
+            stop_now()
+        elif phase == "training":
+            assert wait_for(lambda: stopped.ranks_started(1), 120), stopped.stderr()
+            time.sleep(1.0)
+            stop_now()
+        exited_at(stopped, 60)
+        assert stopped.process.returncode == 143, (phase, stopped.stderr())
+        assert "stopped by SIGTERM" in stopped.first_line(), stopped.first_line()
+        assert "Traceback" not in stopped.stderr()
+        for other in others:
+            exited_at(other, 40)
+            assert other.process.returncode != 0, other.stderr()
+            line = other.first_line()
+            print(f"stop while {phase}: {other.name} says {line!r}")
+            assert "None" not in line, line
+            if phase == "training":
+                # algo-2's ranks leave at once; the others' ranks may see that (gloo: closed by
+                # peer) before algo-2's verdict arrives, after its ranks exited
+                assert "algo-2" in line or "Connection closed by peer" in line, line
+            else:
+                assert "algo-2" in line, line
+    finally:
+        kill_everything([stopped, *others], [])

@@ -1,0 +1,408 @@
+"""The output relay in real processes: the bootstrap, torchrun, the per-rank wrappers and small
+scripts (no torch in them) writing to stdout and stderr. One test per guarantee: lines are live,
+tagged, in order, masked, logged per rank, kept when the script crashes, filtered by
+CONSOLE_RANKS, and the workers' stderr reaches the container's stderr without passing through
+the bootstrap (whatever that stderr is: a pipe, a regular file, or a socket as a fallback)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+
+from tests.integration.conftest import (
+    bootstrap_argv,
+    bootstrap_env,
+    control_dir,
+    make_tree,
+)
+
+LOGS = "data/container-entry/logs"
+TAG = re.compile(rb"^\[algo-1 rank (\d+)\] (.*)$")
+
+
+def free_port() -> int:
+    """A free port whose neighbour (the coordination port) is free too: other jobs on this
+    machine may hold the default 29500."""
+    while True:
+        with socket.socket() as first, socket.socket() as second:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            try:
+                second.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+
+
+def start(tmp_path, source, nproc=2, hyperparameters=None, stderr=subprocess.PIPE, **env):
+    env.setdefault("CONTAINER_ENTRY_MASTER_PORT", str(free_port()))
+    script = tmp_path / "relay_script.py"
+    script.write_text(source)
+    tree = make_tree(tmp_path, script=script)
+    if hyperparameters:
+        (tree.base / "input/config/hyperparameters.json").write_text(json.dumps(hyperparameters))
+    environment = bootstrap_env(
+        tree, SAGEMAKER_PROGRAM="relay_script.py", PET_NPROC_PER_NODE=str(nproc), **env
+    )
+    process = subprocess.Popen(
+        bootstrap_argv(), env=environment, stdout=subprocess.PIPE, stderr=stderr, cwd="/"
+    )
+    return tree, process
+
+
+class Reader(threading.Thread):
+    """Every line of one of the bootstrap's output streams, with the time it arrived."""
+
+    def __init__(self, stream) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.lines = stream, []
+
+    def run(self) -> None:
+        for line in iter(self.stream.readline, b""):
+            self.lines.append((time.time(), line.rstrip(b"\n")))
+
+    def text(self) -> list[bytes]:
+        return [line for _, line in self.lines]
+
+
+def run_to_end(process, timeout=180):
+    readers = [Reader(process.stdout)]
+    if process.stderr is not None:
+        readers.append(Reader(process.stderr))
+    for reader in readers:
+        reader.start()
+    process.wait(timeout=timeout)
+    for reader in readers:
+        reader.join(timeout=30)
+    return readers
+
+
+def tagged(lines: list[bytes], rank: int) -> list[bytes]:
+    found = []
+    for line in lines:
+        match = TAG.match(line)
+        if match and int(match.group(1)) == rank:
+            found.append(match.group(2))
+    return found
+
+
+def rank_log(tree, rank: int) -> bytes:
+    return (tree.output / LOGS / f"rank-{rank}.log").read_bytes()
+
+
+def record(tree, rank: int) -> dict:
+    return json.loads((tree.output / f"data/container-entry/rank-{rank}.json").read_text())
+
+
+LIVE = """
+import os, sys, time
+rank = int(os.environ["RANK"])
+for i in range(8):
+    print(f"out {i} rank {rank} t={time.time():.6f}")
+    print(f"err {i} rank {rank} t={time.time():.6f}", file=sys.stderr)
+    if i == 4:  # a burst between two timed lines
+        for j in range(3000):
+            print(f"burst {j} rank {rank}", file=sys.stderr if j % 2 else sys.stdout)
+    time.sleep(0.25)
+"""
+
+
+def test_every_line_on_both_streams_is_live_through_quiet_spells_and_bursts(tmp_path):
+    tree, process = start(tmp_path, LIVE)
+    out, err = run_to_end(process)
+    assert process.returncode == 0, err.text()[-20:]
+    latencies = {b"out": [], b"err": []}
+    for reader, stream in ((out, b"out"), (err, b"err")):
+        for arrived, line in reader.lines:
+            match = TAG.match(line)
+            if match and match.group(2).startswith(stream + b" ") and b" t=" in line:
+                latencies[stream].append(arrived - float(line.rsplit(b"t=", 1)[1]))
+    assert len(latencies[b"out"]) == len(latencies[b"err"]) == 16
+    assert max(latencies[b"out"] + latencies[b"err"]) < 1.0, latencies
+    for rank in (0, 1):
+        assert len([x for x in tagged(out.text(), rank) if x.startswith(b"burst")]) == 1500
+        assert len([x for x in tagged(err.text(), rank) if x.startswith(b"burst")]) == 1500
+        assert rank_log(tree, rank).count(b"burst ") == 3000
+
+
+ORDER = """
+import os, sys
+rank = int(os.environ["RANK"])
+for i in range(20000):
+    print(f"o {i}")
+    sys.stderr.write(f"e {i}\\n" if i % 3 else f"e {i}")  # some lines end in the next write
+    if i % 3 == 0:
+        sys.stderr.write("\\n")
+"""
+
+
+def test_order_within_each_stream_is_kept_on_the_console_and_in_the_log(tmp_path):
+    tree, process = start(tmp_path, ORDER)
+    out, err = run_to_end(process)
+    assert process.returncode == 0, err.text()[-20:]
+    expected_out = [f"o {i}".encode() for i in range(20000)]
+    expected_err = [f"e {i}".encode() for i in range(20000)]
+    for rank in (0, 1):
+        assert tagged(out.text(), rank) == expected_out
+        assert tagged(err.text(), rank) == expected_err
+        log = rank_log(tree, rank).splitlines()
+        assert [x for x in log if x.startswith(b"o ")] == expected_out
+        assert [x for x in log if x.startswith(b"e ")] == expected_err
+
+
+PROGRESS = """
+import sys, time
+for percent in (10, 50, 100):
+    sys.stderr.write(f"\\rprogress {percent:3d}%|" + "#" * (percent // 10))
+    sys.stderr.flush()
+    time.sleep(0.1)
+sys.stderr.write("\\r\\n")
+print("done")
+"""
+
+
+def test_carriage_return_progress_lines_are_shown(tmp_path):
+    tree, process = start(tmp_path, PROGRESS, nproc=1)
+    _, err = run_to_end(process)
+    assert process.returncode == 0, err.text()[-20:]
+    shown = tagged(err.text(), 0)
+    for expected in (b"progress  10%|#", b"progress  50%|#####", b"progress 100%|##########"):
+        assert expected in shown, shown
+        assert expected in rank_log(tree, 0).splitlines()
+    assert not any(b"\r" in line for _, line in err.lines)
+
+
+CRASH = """
+import ctypes, os, signal, sys
+for i in range(2000):
+    print(f"before the crash {i}")
+    print(f"stderr before the crash {i}", file=sys.stderr)
+sys.stdout.write("an unterminated last line")
+if sys.argv[-1] == "segfault":
+    ctypes.string_at(0)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_nothing_written_before_a_crash_is_lost(tmp_path):
+    for how, code, sig in (("segfault", 139, "SIGSEGV"), ("sigkill", 137, "SIGKILL")):
+        root = tmp_path / how
+        root.mkdir()
+        tree, process = start(root, CRASH, nproc=1, hyperparameters={"how": json.dumps(how)})
+        out, err = run_to_end(process)
+        assert process.returncode == code, err.text()[-20:]
+        shown_out, shown_err = tagged(out.text(), 0), tagged(err.text(), 0)
+        log = rank_log(tree, 0).splitlines()
+        for i in (0, 1999):
+            assert f"before the crash {i}".encode() in shown_out
+            assert f"stderr before the crash {i}".encode() in shown_err
+            assert f"before the crash {i}".encode() in log
+        assert sum(line.startswith(b"before the crash") for line in log) == 2000
+        assert b"an unterminated last line" in shown_out and b"an unterminated last line" in log
+        rank0 = record(tree, 0)
+        assert rank0["signal"] == sig
+        if how == "segfault":  # faulthandler's report, from the stderr tail
+            assert rank0["fatal_error"] == "Segmentation fault"
+            assert any("Fatal Python error" in line for line in rank0["stderr_tail"])
+
+
+FILTERED = """
+import os, sys
+rank = int(os.environ["RANK"])
+print(f"stdout line rank {rank}")
+print(f"stderr line rank {rank}", file=sys.stderr)
+"""
+
+
+def test_console_ranks_filters_both_streams_and_every_rank_is_still_logged(tmp_path):
+    tree, process = start(tmp_path, FILTERED, CONTAINER_ENTRY_CONSOLE_RANKS="0")
+    out, err = run_to_end(process)
+    assert process.returncode == 0, err.text()[-20:]
+    console = b"\n".join(out.text() + err.text())
+    assert b"[algo-1 rank 0] stdout line rank 0" in console
+    assert b"[algo-1 rank 0] stderr line rank 0" in console
+    assert b"rank 1" not in console
+    assert set(rank_log(tree, 1).splitlines()) == {b"stdout line rank 1", b"stderr line rank 1"}
+
+
+SECRETS = """
+import sys
+token = sys.argv[sys.argv.index("--hf_token") + 1]
+print("argv:", sys.argv)
+print("argv:", sys.argv, file=sys.stderr)
+sys.stdout.write("split " + token[:6])
+sys.stdout.flush()
+sys.stdout.write(token[6:] + " across two writes\\n")
+raise ValueError(f"bad token {token}")
+"""
+
+
+def test_secrets_are_masked_on_the_console_in_the_log_and_in_the_record(tmp_path):
+    secret = "hf_TOPSECRET123"
+    tree, process = start(
+        tmp_path, SECRETS, nproc=1, hyperparameters={"hf_token": json.dumps(secret)}
+    )
+    out, err = run_to_end(process)
+    assert process.returncode == 1
+    everything = b"\n".join(out.text() + err.text()) + rank_log(tree, 0)
+    everything += (tree.output / "data/container-entry/rank-0.json").read_bytes()
+    everything += (tree.output / "failure").read_bytes()
+    assert b"TOPSECRET" not in everything
+    assert b"split **** across two writes" in tagged(out.text(), 0)
+    rank0 = record(tree, 0)
+    assert rank0["exception"] == {"type": "ValueError", "message": "bad token ****"}
+    assert "ValueError: bad token ****" in rank0["stderr_tail"]
+
+
+WAIT = """
+import os, sys, time
+rank = int(os.environ["RANK"])
+print(f"ready rank {rank}", file=sys.stderr)
+release = os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], "release")
+while not os.path.exists(release):
+    time.sleep(0.05)
+for i in range(500):
+    print(f"after release {i} rank {rank}", file=sys.stderr)
+"""
+
+
+def wait_for_lines(reader: Reader, needle: bytes, count: int, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sum(needle in line for line in reader.text()) >= count:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{count} x {needle!r} not seen: {reader.text()[-10:]}")
+
+
+def fd_targets(pid: int) -> set[str]:
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            found.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return found
+
+
+def test_worker_stderr_goes_straight_to_the_bootstraps_stderr(tmp_path):
+    tree, process = start(tmp_path, WAIT)
+    out, err = Reader(process.stdout), Reader(process.stderr)
+    out.start()
+    err.start()
+    try:
+        wait_for_lines(err, b"] ready rank", 2)
+        ours = os.readlink(f"/proc/{process.pid}/fd/2")
+        assert ours.startswith("pipe:")
+        pids = [json.loads(p.read_text()) for p in control_dir(process.pid).glob("rank-*.pid")]
+        assert len(pids) == 2
+        for entry in pids:
+            wrapper = entry["wrapper"]
+            # the wrapper's own fd 2 is torchrun's stderr pipe; its console is ours
+            assert os.readlink(f"/proc/{wrapper}/fd/2") != ours
+            assert ours in fd_targets(wrapper)
+    finally:
+        (tree.output / "data" / "release").touch()
+        process.wait(timeout=120)
+        out.join(timeout=30)
+        err.join(timeout=30)
+    assert process.returncode == 0
+    for rank in (0, 1):
+        assert len([x for x in tagged(err.text(), rank) if x.startswith(b"after release")]) == 500
+
+
+BURST = """
+import os, sys
+rank = int(os.environ["RANK"])
+for i in range(5000):
+    print(f"line {i} rank {rank} " + "x" * (i % 200), file=sys.stderr)
+"""
+
+
+def test_a_regular_file_as_stderr_loses_no_line_of_the_bootstrap_or_the_workers(tmp_path):
+    path = tmp_path / "stderr.txt"
+    with open(path, "wb") as handle:  # not in append mode: the bootstrap makes it so
+        _tree, process = start(tmp_path, BURST, stderr=handle)
+        run_to_end(process)
+    assert process.returncode == 0
+    lines = path.read_bytes().splitlines()
+    for rank in (0, 1):
+        expected = [f"line {i} rank {rank} ".encode() + b"x" * (i % 200) for i in range(5000)]
+        assert tagged(lines, rank) == expected
+    ours = [line for line in lines if line.startswith(b"[container-entry]")]
+    assert ours, lines[:5]
+    assert all(TAG.match(line) or line.startswith(b"[container-entry]") for line in lines if line)
+
+
+def test_a_socket_as_stderr_falls_back_to_torchruns_pipe_and_loses_nothing(tmp_path):
+    ours, theirs = socket.socketpair()
+    received = bytearray()
+
+    def drain() -> None:
+        while chunk := ours.recv(65536):
+            received.extend(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    _tree, process = start(tmp_path, BURST, stderr=theirs.fileno())
+    theirs.close()
+    run_to_end(process)
+    reader.join(timeout=30)
+    ours.close()
+    assert process.returncode == 0
+    lines = bytes(received).splitlines()
+    for rank in (0, 1):
+        assert len(tagged(lines, rank)) == 5000
+
+
+SLEEPER = """
+import os, signal, sys, time
+rank = int(os.environ["RANK"])
+def on_term(signum, frame):
+    print(f"got SIGTERM rank {rank}", file=sys.stderr)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+print(f"ready rank {rank}", file=sys.stderr)
+time.sleep(120)
+"""
+
+
+def test_torchruns_own_lines_are_hidden_during_a_stop_but_the_ranks_last_lines_are_not(tmp_path):
+    _tree, process = start(tmp_path, SLEEPER)
+    out, err = Reader(process.stdout), Reader(process.stderr)
+    out.start()
+    err.start()
+    wait_for_lines(err, b"] ready rank", 2)
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=60)
+    out.join(timeout=30)
+    err.join(timeout=30)
+    assert process.returncode == 143
+    for rank in (0, 1):
+        assert f"got SIGTERM rank {rank}".encode() in tagged(err.text(), rank)
+    untagged = [x for x in err.text() if not TAG.match(x) and not x.startswith(b"[container-")]
+    assert not [x for x in untagged if b"SignalException" in x or b"Traceback" in x], untagged
+
+
+def test_torchruns_own_lines_reach_the_failure_report(tmp_path):
+    tree, process = start(tmp_path, SLEEPER, nproc=1)
+    out, err = Reader(process.stdout), Reader(process.stderr)
+    out.start()
+    err.start()
+    wait_for_lines(err, b"] ready rank", 1)
+    (entry,) = [json.loads(p.read_text()) for p in control_dir(process.pid).glob("rank-*.pid")]
+    os.kill(entry["wrapper"], signal.SIGKILL)  # the wrapper dies: no record, torchrun fails
+    process.wait(timeout=60)
+    out.join(timeout=30)
+    err.join(timeout=30)
+    assert process.returncode != 0
+    first = (tree.output / "failure").read_text().splitlines()[0]
+    assert "torchrun on algo-1 failed" in first and "before any rank reported" in first, first
+    assert not first.endswith("no output"), first
+    # and they were shown: nothing had started a teardown yet
+    assert any(not TAG.match(x) and b"SIGKILL" in x for x in err.text()), err.text()[-20:]

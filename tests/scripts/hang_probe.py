@@ -1,0 +1,74 @@
+"""A DDP script that hangs, or does not, in the ways the hang watchdog must tell apart.
+
+--mode deadlock:    rank `--rank` deadlocks in plain Python (a lock taken twice), the others
+                    wait for it in a barrier
+        collective: rank `--rank` blocks forever without printing (a sleep), the others wait
+                    in an all_reduce it never joins
+        steady:     every rank prints one line each `--every` seconds for `--seconds`, then ends
+        progress:   every rank prints nothing for `--seconds` but reports progress each
+                    `--every` seconds (container_entry.hang.report_progress)
+        one-talks:  rank `--rank` prints each `--every` seconds for `--seconds`; the others print
+                    nothing, waiting in a barrier (one host's output keeps the job alive)
+"""
+
+import argparse
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--mode", required=True)
+parser.add_argument("--rank", type=int, default=1)
+parser.add_argument("--seconds", type=float, default=8.0)
+parser.add_argument("--every", type=float, default=1.0)
+args = parser.parse_args()
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+print(f"rank {rank} ready", flush=True)
+dist.barrier()
+
+
+def stuck_in_python() -> None:
+    lock = threading.Lock()
+    lock.acquire()
+    lock.acquire()
+
+
+def quiet_forever() -> None:
+    while True:
+        time.sleep(3600)
+
+
+if args.mode == "deadlock":
+    if rank == args.rank:
+        stuck_in_python()
+    dist.barrier()
+elif args.mode == "collective":
+    if rank == args.rank:
+        quiet_forever()
+    dist.all_reduce(torch.ones(1))
+elif args.mode == "steady":
+    end = time.monotonic() + args.seconds
+    while time.monotonic() < end:
+        time.sleep(args.every)
+        print(f"rank {rank} still working", flush=True)
+elif args.mode == "progress":
+    from container_entry.hang import report_progress
+
+    end = time.monotonic() + args.seconds
+    while time.monotonic() < end:
+        time.sleep(args.every)
+        report_progress()
+elif args.mode == "one-talks":
+    if rank == args.rank:
+        end = time.monotonic() + args.seconds
+        while time.monotonic() < end:
+            time.sleep(args.every)
+            print(f"rank {rank} still working", flush=True)
+    dist.barrier()
+else:
+    raise SystemExit(f"unknown --mode {args.mode}")
+print(f"rank {rank} done", flush=True)

@@ -1,0 +1,111 @@
+"""scripts/gpu_benchmark.py's parts that run without a GPU: the precision applied the same way
+in both variants (CPU autocast with bf16 stands in for CUDA's), the dtype recorded by a forward
+hook, an out-of-memory run kept as a result, and the report built from recorded runs."""
+
+import argparse
+import importlib.util
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_benchmark.py"
+spec = importlib.util.spec_from_file_location("gpu_benchmark", SCRIPT)
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+def tiny():
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+
+
+def test_precision_runs_and_records_bf16_also_in_another_thread():
+    """DataParallel calls each replica's forward in a thread of its own: an autocast the
+    caller entered would not apply there, ours (a hook on the module) does."""
+    model = tiny()
+    precision = bench.Precision("cpu", torch.bfloat16)
+    precision.install(model, model[2])
+    thread = threading.Thread(target=lambda: model(torch.randn(2, 8)))
+    thread.start()
+    thread.join()
+    assert precision.ran == {"bfloat16"}
+    model(torch.randn(2, 8))  # and again in this thread: the autocast was left cleanly
+    assert not torch.is_autocast_enabled("cpu")
+
+
+def test_precision_fp32_records_what_ran():
+    model = tiny()
+    precision = bench.Precision("cpu", None)
+    precision.install(model, model[2])
+    model(torch.randn(2, 8))
+    assert precision.ran == {"float32"}
+
+
+def test_out_of_memory_is_recognised():
+    assert bench.is_oom(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"))
+    assert bench.is_oom(RuntimeError("CUDA error: out of memory"))
+    assert not bench.is_oom(ValueError("bad"))
+
+
+def record(rank, rate, oom=None, used=(1, 2, 3)):
+    return {
+        "rank": rank,
+        "world_size": 1,
+        "n_gpu": 2,
+        "parallel_mode": "ParallelMode.NOT_DISTRIBUTED",
+        "model_wrapper": "DataParallel",
+        "global_batch": 16,
+        "samples_per_second": rate,
+        "memory": {
+            "0": dict(zip(("allocated", "reserved", "device_used"), used, strict=True)),
+            "1": {"allocated": 1, "reserved": 1, "device_used": 1},
+        },
+        "precision_requested": "bf16",
+        "dtype_ran": ["bfloat16"],
+        "oom": oom,
+        "env": {"OMP_NUM_THREADS": "4"},
+    }
+
+
+def test_an_oom_run_is_a_result_and_a_crash_is_not():
+    oom = bench.collect("dataparallel", "python", 3, [record(0, None, oom="OutOfMemoryError: x")])
+    assert oom["oom"] and oom["samples_per_second"] is None
+    with pytest.raises(SystemExit, match="dataparallel failed"):
+        bench.collect("dataparallel", "python", 1, [record(0, 5.0)])
+    with pytest.raises(SystemExit):
+        bench.collect("ddp", "container-entry", 0, [])
+
+
+def test_report_shows_oom_dtype_and_memory_kinds():
+    gib = 1 << 30
+    dp = bench.collect(
+        "dataparallel",
+        "python",
+        3,
+        [record(0, None, "OutOfMemoryError: CUDA out of memory", (20 * gib, 22 * gib, 23 * gib))],
+    )
+    ddp_record = record(0, 40.0, used=(5 * gib, 6 * gib, 7 * gib))
+    ddp_record["model_wrapper"] = "DistributedDataParallel"
+    ddp = bench.collect("ddp", "container-entry", 0, [ddp_record])
+    args = argparse.Namespace(
+        device="cuda", size="small", seq_len=512, batch_size=8, steps=60, warmup=10, rounds=1
+    )
+    text = bench.report([dp, ddp], args, 2, {"date": "today", "gpus": "2 x A10G"})
+    assert (
+        "| incumbent default: one process, HF Trainer | DataParallel | bfloat16 | out of memory |"
+        in text
+    )
+    assert (
+        "| ours (DDP): one process per GPU | DistributedDataParallel | bfloat16 | 40.0 | "
+        "5.00 / 0.00 | 6.00 / 0.00 | 7.00 / 0.00 |" in text
+    )
+    assert "DataParallel ran out of memory: `OutOfMemoryError: CUDA out of memory`." in text
+    assert "image `container-entry:gpu-bench`" in text
+    assert "Environments differed" not in text
+
+
+def test_the_gpu_image_tag_is_not_the_one_make_bench_builds():
+    makefile = (SCRIPT.parents[1] / "Makefile").read_text()
+    assert "IMAGE=container-entry:bench" in makefile
+    assert bench.IMAGE != "container-entry:bench"

@@ -1,0 +1,206 @@
+"""The hang watchdog's parts: the idle clock from file times, the progress report, the
+master's decision from every host's beats (real loopback sockets), the flight-recorder dump
+request (a real named pipe), the setting and the failure file's first line. The whole watchdog
+on real torchrun workers, one host and two: tests/integration/test_hang.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from container_entry import settings
+from container_entry.coordination import Coordinator, Member
+from container_entry.errors import ConfigError
+from container_entry.failure import Observed, verdict
+from container_entry.hang import (
+    HUNG_EXIT_CODE,
+    PROGRESS_ENV,
+    Activity,
+    hung_text,
+    is_hang,
+    report_progress,
+    request_nccl_dumps,
+)
+from container_entry.records import RankRecord
+from tests.unit.test_coordination import FAST, free_port, join_all
+
+
+def _age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_idle_is_the_silence_since_the_newest_rank_log_or_progress_report(tmp_path):
+    (tmp_path / "logs").mkdir()
+    logs = [tmp_path / "logs" / f"rank-{n}.log" for n in range(3)]
+    progress = tmp_path / "progress"
+    activity = Activity(tmp_path, str(progress))
+    activity.since -= 100  # launched long ago
+    assert activity.idle() == pytest.approx(100, abs=1)  # no file yet: since the launch
+    for age, path in zip((50, 30, 70), logs, strict=True):
+        path.write_text("line\n")
+        _age(path, age)
+    activity._checked = 0.0
+    assert activity.idle() == pytest.approx(30, abs=1)  # the newest line of any rank
+    progress.touch()
+    _age(progress, 5)
+    activity._checked = 0.0
+    assert activity.idle() == pytest.approx(5, abs=1)
+
+
+def test_files_of_a_previous_run_do_not_count_before_the_launch(tmp_path):
+    (tmp_path / "logs").mkdir()
+    stale = tmp_path / "logs" / "rank-0.log"
+    stale.write_text("old\n")
+    _age(stale, -3600)  # even one from the future counts as no later than now
+    activity = Activity(tmp_path, None)
+    assert activity.idle() == 0.0
+
+
+def test_report_progress_touches_the_exported_file_and_is_a_no_op_elsewhere(tmp_path, monkeypatch):
+    monkeypatch.delenv(PROGRESS_ENV, raising=False)
+    report_progress()  # outside container-entry: nothing, no error
+    target = tmp_path / "progress"
+    monkeypatch.setenv(PROGRESS_ENV, str(target))
+    report_progress()
+    assert target.exists()
+    _age(target, 100)
+    report_progress()
+    assert time.time() - target.stat().st_mtime < 5
+    monkeypatch.setenv(PROGRESS_ENV, str(tmp_path / "no-such-dir" / "progress"))
+    report_progress()  # unwritable: the script goes on
+
+
+def _hang_cluster(idles: list[float | None], timeout: float) -> tuple[Coordinator, list[Member]]:
+    port = free_port()
+    coordinator = Coordinator(["algo-1", "algo-2"], port, hang_timeout=timeout, **FAST)
+    members = [Member(h, "127.0.0.1", port, **FAST) for h in ("algo-1", "algo-2")]
+    join_all(members)
+    for m, idle in zip(members, idles, strict=True):
+        m.idle = (lambda value=idle: value) if idle is not None else None
+    return coordinator, members
+
+
+@pytest.mark.parametrize(
+    ("idles", "hung"),
+    [
+        ([9.0, 9.0], True),  # every host silent for longer than the timeout
+        ([9.0, 1.0], False),  # one host's ranks still print: not a hang
+        ([9.0, None], False),  # a host not running its job yet (preparing, preflight)
+        ([0.0, 0.0], False),
+    ],
+)
+def test_the_master_declares_a_hang_only_when_every_host_is_silent(idles, hung):
+    coordinator, members = _hang_cluster(idles, timeout=5.0)
+    try:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and not all(m.aborted.is_set() for m in members):
+            time.sleep(0.05)
+        assert all(m.aborted.is_set() for m in members) is hung
+        if hung:
+            for m in members:  # the master's own bootstrap hears it too
+                assert is_hang(m.abort)
+                assert m.abort.what == "hung: no output from any rank on any host for 5 s"
+                assert m.abort.returncode == HUNG_EXIT_CODE
+        else:
+            assert not any(m.aborted.is_set() for m in members)
+    finally:
+        for m in members:
+            m.close()
+        coordinator.close()
+
+
+def test_a_host_that_finished_is_no_evidence_of_life():
+    coordinator, members = _hang_cluster([0.0, 9.0], timeout=5.0)
+    try:
+        members[0].done()  # algo-1's ranks all exited 0; algo-2's went silent
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and not members[1].aborted.is_set():
+            time.sleep(0.05)
+        assert is_hang(members[1].abort)
+    finally:
+        for m in members:
+            m.close()
+        coordinator.close()
+
+
+def test_off_by_default_whatever_the_silence():
+    port = free_port()
+    coordinator = Coordinator(["algo-1"], port, **FAST)
+    m = Member("algo-1", "127.0.0.1", port, **FAST)
+    join_all([m])
+    m.idle = lambda: 1e9
+    time.sleep(0.5)
+    try:
+        assert not m.aborted.is_set()
+    finally:
+        m.close()
+        coordinator.close()
+
+
+def test_a_dump_request_reaches_each_rank_s_pipe_and_skips_a_pipe_nobody_reads(tmp_path):
+    stem = str(tmp_path / "nccl-dump-rank-")
+    read: dict[int, bytes] = {}
+    readers = []
+    for rank in (0, 1):  # as torch's monitor thread: mkfifo, open for reading, non-blocking
+        path = f"{stem}{rank}.pipe"
+        os.mkfifo(path)
+        readers.append((rank, os.open(path, os.O_RDONLY | os.O_NONBLOCK)))
+    os.mkfifo(f"{stem}7.pipe")  # a rank that is gone: no reader
+    (tmp_path / "nccl-dump-rank-3.txt").write_text("not a pipe")
+    assert request_nccl_dumps(stem) == 2
+    for rank, fd in readers:
+        read[rank] = os.read(fd, 128)
+        os.close(fd)
+    assert all(read.values())
+    assert request_nccl_dumps(None) == 0
+    assert request_nccl_dumps(str(tmp_path / "missing" / "x-")) == 0
+
+
+@pytest.mark.parametrize("raw", ["-1", "nan", "inf", "soon"])
+def test_a_bad_hang_timeout_is_one_line_naming_it(raw):
+    with pytest.raises(ConfigError, match="CONTAINER_ENTRY_HANG_TIMEOUT"):
+        settings.resolve({"CONTAINER_ENTRY_HANG_TIMEOUT": raw}, {})
+
+
+def test_hang_timeout_from_env_or_hyperparameter_and_the_progress_variable_is_not_a_setting():
+    assert settings.resolve({}, {}).hang_timeout == 0.0
+    assert settings.resolve({}, {"hang_timeout": "1800"}).hang_timeout == 1800.0
+    environ = {"CONTAINER_ENTRY_HANG_TIMEOUT": "60", PROGRESS_ENV: "/x/progress"}
+    assert settings.resolve(environ, {}).hang_timeout == 60.0
+
+
+def test_the_failure_file_starts_with_the_verdict_then_where_each_rank_was(tmp_path):
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    (stacks / "rank-1.txt").write_text(
+        "Current thread 0x00007f (most recent call first):\n"
+        '  File "/opt/ml/code/train.py", line 8 in stuck\n'
+        '  File "/opt/ml/code/train.py", line 12 in <module>\n'
+    )
+    what = hung_text(600, hosts=2)
+    run = Observed(hung=RankRecord(host=None, rank=None, returncode=HUNG_EXIT_CODE, what=what))
+    run.results[1] = RankRecord(host="algo-2", rank=1, returncode=-15, signal="SIGTERM")
+    result = verdict(run, "algo-2", tmp_path)
+    assert result.exit_code == 124
+    assert result.reason == "hung: no output from any rank on any host for 600 s"
+    assert result.details[0].startswith("  rank 1 was at train.py:8 in stuck")
+
+
+def test_only_the_watchdog_s_own_record_is_a_hang():
+    assert not is_hang(RankRecord(host="algo-1", rank=0, returncode=124, what="hung: no"))
+    assert not is_hang(RankRecord(host=None, rank=None, returncode=1, what="hung: x"))
+    assert is_hang(RankRecord(host=None, rank=None, returncode=124, what=hung_text(5)))
+
+
+def test_importing_the_module_has_no_side_effects(tmp_path):
+    code = "import container_entry.hang, os; print(sorted(os.listdir('.')))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"

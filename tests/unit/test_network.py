@@ -1,0 +1,108 @@
+"""Waiting for host names, with an injected resolver (no DNS), and which names a host waits for."""
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from container_entry import job, network
+from container_entry.errors import NetworkError
+from container_entry.plan import build_plan
+from container_entry.stopping import Stop
+from tests.unit.conftest import make_env
+
+HOSTS = tuple(f"algo-{i}" for i in range(1, 257))
+
+
+def test_the_deadline_holds_inside_a_pass_of_256_slow_names():
+    def slow_and_unknown(name: str) -> bool:
+        time.sleep(0.05)  # one serial pass would take 12.8 s
+        return False
+
+    started = time.monotonic()
+    with pytest.raises(NetworkError) as caught:
+        network.wait_for_hosts(HOSTS, 0.3, resolves=slow_and_unknown, interval=0.1)
+    took = time.monotonic() - started
+    assert 0.3 <= took < 0.6, took
+    assert str(caught.value) == (
+        "host 'algo-1' did not resolve within 0.3 s (unresolved: algo-1, algo-2, algo-3, "
+        "algo-4, algo-5, algo-6, algo-7, algo-8 and 248 more)"
+    )
+
+
+def test_256_names_resolve_in_parallel_with_a_bounded_number_of_lookups():
+    running, most, lock = set(), [0], threading.Lock()
+
+    def resolves(name: str) -> bool:
+        with lock:
+            assert name not in running  # never two lookups of one name at once
+            running.add(name)
+            most[0] = max(most[0], len(running))
+        time.sleep(0.02)
+        with lock:
+            running.discard(name)
+        return True
+
+    started = time.monotonic()
+    network.wait_for_hosts(HOSTS, 5.0, resolves=resolves, parallel=32)
+    assert time.monotonic() - started < 1.0  # serially: 5.1 s
+    assert most[0] <= 32
+
+
+def test_a_lookup_that_hangs_cannot_hold_the_bootstrap_past_its_timeout():
+    never = threading.Event()
+
+    def resolves(name: str) -> bool:
+        if name == "algo-2":
+            never.wait()  # getaddrinfo stuck on a dead DNS server
+        return True
+
+    started = time.monotonic()
+    with pytest.raises(NetworkError, match=r"host 'algo-2' did not resolve within 0.3 s"):
+        network.wait_for_hosts(("algo-1", "algo-2", "algo-3"), 0.3, resolves=resolves)
+    assert time.monotonic() - started < 0.6
+    never.set()
+
+
+def test_a_name_that_resolves_late_is_retried_until_it_does():
+    tries: dict[str, int] = {}
+
+    def resolves(name: str) -> bool:
+        tries[name] = tries.get(name, 0) + 1
+        return name != "algo-2" or tries[name] >= 3
+
+    network.wait_for_hosts(("algo-1", "algo-2"), 5.0, resolves=resolves, interval=0.05)
+    assert tries == {"algo-1": 1, "algo-2": 3}
+
+
+class Resolved(Exception):
+    pass
+
+
+def names_waited_for(monkeypatch, tmp_path: Path, hosts, current, **hps) -> tuple[str, ...]:
+    waited: list[tuple[str, ...]] = []
+
+    def record(names, timeout, **_):
+        waited.append(tuple(names))
+        raise Resolved  # stop before the side channel: only the names matter here
+
+    monkeypatch.setattr(network, "wait_for_hosts", record)
+    config = {"current_host": current, "hosts": list(hosts), "network_interface_name": "eth0"}
+    plan = build_plan(make_env(resource_config=config, hyperparameters=hps))
+    with pytest.raises(Resolved):
+        job.Job(plan, {}, tmp_path, Stop()).join()
+    return waited[0]
+
+
+def test_a_host_waits_for_the_master_s_name_only(monkeypatch, tmp_path):
+    assert names_waited_for(monkeypatch, tmp_path, HOSTS, "algo-200") == ("algo-1",)
+    assert names_waited_for(monkeypatch, tmp_path, HOSTS, "algo-1") == ("algo-1",)
+
+
+def test_under_c10d_every_name_is_waited_for(monkeypatch, tmp_path):
+    # with restarts each host advertises its own name to the workers of every other
+    waited = names_waited_for(
+        monkeypatch, tmp_path, HOSTS, "algo-7", container_entry_max_restarts="1"
+    )
+    assert sorted(waited) == sorted(HOSTS)

@@ -1,0 +1,227 @@
+"""The worker's line relay (container_entry.worker.Relay) on real pipes and files: how bytes
+become tagged lines, masked, in the log and on the console, whatever the reads cut."""
+
+from __future__ import annotations
+
+import os
+import select
+import threading
+from pathlib import Path
+
+import pytest
+
+from container_entry import worker
+from container_entry.masking import MASK, Masker
+from container_entry.worker import Relay, atomic_size, console_stderr, write_all
+
+PREFIX = b"[algo-1 rank 0] "
+
+
+class Sinks:
+    """The relay's console and log as files; what each holds, as bytes."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.console_path, self.log_path = tmp_path / "console", tmp_path / "log"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        self.console = os.open(self.console_path, flags, 0o600)
+        self.log = os.open(self.log_path, flags, 0o600)
+
+    def relay(self, secrets=(), keep_tail=True, console=True) -> Relay:
+        masker = Masker(secrets)
+        return Relay(self.console if console else None, self.log, PREFIX, masker, keep_tail)
+
+    def shown(self) -> bytes:
+        return self.console_path.read_bytes()
+
+    def logged(self) -> bytes:
+        return self.log_path.read_bytes()
+
+
+@pytest.fixture
+def sinks(tmp_path):
+    made = Sinks(tmp_path)
+    yield made
+    os.close(made.console)
+    os.close(made.log)
+
+
+def through_pipe(relay: Relay, writes: list[bytes]) -> None:
+    """Each bytes object one write into a real pipe, while `relay.pump` reads the other end."""
+    read, write = os.pipe()
+    pump = threading.Thread(target=relay.pump, args=(read,))
+    pump.start()
+    for data in writes:
+        write_all(write, data)
+    os.close(write)
+    pump.join(timeout=30)
+    os.close(read)
+    assert not pump.is_alive()
+
+
+def test_partial_lines_wait_for_their_end(sinks):
+    relay = sinks.relay()
+    relay.feed(b"hel")
+    assert sinks.shown() == b"" and sinks.logged() == b""
+    relay.feed(b"lo\nwor")
+    assert sinks.shown() == PREFIX + b"hello\n"
+    relay.feed(b"ld\n")
+    assert sinks.shown() == PREFIX + b"hello\n" + PREFIX + b"world\n"
+    assert sinks.logged() == b"hello\nworld\n"
+
+
+def test_every_line_of_a_chunk_is_tagged_in_one_write(sinks, monkeypatch):
+    writes: list[tuple[int, bytes]] = []
+    monkeypatch.setattr(worker, "write_all", lambda fd, data: writes.append((fd, data)))
+    relay = sinks.relay()
+    relay.feed(b"one\ntwo\nthree\n")
+    assert writes == [
+        (sinks.log, b"one\ntwo\nthree\n"),
+        (sinks.console, PREFIX + b"one\n" + PREFIX + b"two\n" + PREFIX + b"three\n"),
+    ]
+
+
+def test_carriage_return_ends_a_line_so_progress_bars_show(sinks):
+    relay = sinks.relay()
+    relay.feed(b"\r 10%|#")
+    relay.feed(b"  |\r 50%|##### |\r100%|##########|\n")
+    lines = sinks.shown().split(b"\n")
+    assert PREFIX + b" 10%|#  |" in lines
+    assert PREFIX + b" 50%|##### |" in lines
+    assert PREFIX + b"100%|##########|" in lines
+    assert b"\r" not in sinks.shown() + sinks.logged()
+
+
+def test_crlf_split_across_reads_is_one_line_end(sinks):
+    relay = sinks.relay()
+    through_pipe(relay, [b"first\r", b"\nsecond\r\n", b"third\r", b"\n"])
+    assert sinks.logged() == b"first\nsecond\nthird\n"
+    assert sinks.shown() == b"".join(PREFIX + x + b"\n" for x in (b"first", b"second", b"third"))
+
+
+def test_a_lone_carriage_return_before_a_later_newline_still_ends_a_line(sinks):
+    relay = sinks.relay()
+    assert relay.feed(b"bar 1\r")
+    assert not relay.feed(b"bar 2")
+    assert relay.feed(b"\nbar 3\rbar 4")  # this \n ends "bar 2": it is no \r\n
+    assert relay.feed(b"\n")
+    assert sinks.logged() == b"bar 1\nbar 2\nbar 3\nbar 4\n"
+
+
+def test_lines_longer_than_a_pipe_read_arrive_whole(sinks):
+    long = b"x" * 200_000  # > 64 KiB: several reads of the pipe
+    relay = sinks.relay()
+    through_pipe(relay, [b"before\n", long[:70_000], long[70_000:] + b"\nafter\n"])
+    assert sinks.logged() == b"before\n" + long + b"\nafter\n"
+    assert sinks.shown().split(b"\n")[1] == PREFIX + long
+
+
+def test_a_line_longer_than_the_cap_goes_out_in_pieces_with_nothing_lost(sinks):
+    size = worker._LINE_BYTES * 2 + 10
+    relay = sinks.relay()
+    through_pipe(relay, [b"y" * size, b"\nend\n"])
+    logged = sinks.logged()
+    assert logged.replace(b"\n", b"") == b"y" * size + b"end"
+    pieces = logged.split(b"\n")[:-2]  # the line's pieces, then "end"
+    assert len(pieces) >= 2
+    assert max(len(piece) for piece in pieces) <= worker._LINE_BYTES + worker._READ_BYTES
+
+
+def test_invalid_utf8_passes_through_unchanged(sinks):
+    data = b"caf\xc3\xa9 \xff\xfe broken \xc3\n\x80 more\n"
+    relay = sinks.relay()
+    through_pipe(relay, [data[:7], data[7:]])  # cut inside a multi-byte character
+    assert sinks.logged() == data
+    assert sinks.shown() == PREFIX + b"caf\xc3\xa9 \xff\xfe broken \xc3\n" + PREFIX + b"\x80 more\n"
+    assert relay.tail_lines()[0].startswith("café")  # the record decodes with replacement
+
+
+def test_a_secret_split_across_writes_is_masked_in_console_and_log(sinks):
+    secret = "hf_TOPSECRET123"
+    relay = sinks.relay(secrets=[secret])
+    through_pipe(relay, [b"token=hf_TOP", b"SECRET", b"123 done\nagain ", b"hf_TOPSECRET123\n"])
+    for text in (sinks.shown(), sinks.logged()):
+        assert b"TOPSECRET" not in text
+        assert text.count(MASK.encode()) == 2
+    assert sinks.logged() == f"token={MASK} done\nagain {MASK}\n".encode()
+    assert not any("TOPSECRET" in line for line in relay.tail_lines())
+
+
+def test_a_secret_across_the_cut_of_an_over_long_line_is_masked(sinks):
+    secret = "sk-ABCDEFGHIJKLMNOP"
+    relay = sinks.relay(secrets=[secret])
+    head = b"z" * (worker._LINE_BYTES - 5)  # the cut would fall inside the secret
+    through_pipe(relay, [head + secret.encode()[:10], secret.encode()[10:] + b" tail\n"])
+    logged = sinks.logged()
+    assert b"ABCDEFG" not in logged and b"HIJKLMNOP" not in logged
+    assert MASK.encode() in logged and logged.endswith(b" tail\n")
+
+
+def test_the_last_unterminated_line_is_written_at_end_of_stream(sinks):
+    relay = sinks.relay()
+    through_pipe(relay, [b"complete\n", b"no newline at the end"])
+    assert sinks.logged() == b"complete\nno newline at the end\n"
+    assert sinks.shown().endswith(PREFIX + b"no newline at the end\n")
+
+
+def test_a_rank_not_shown_still_logs_every_line(sinks):
+    relay = sinks.relay(console=False)
+    through_pipe(relay, [b"a\nb\n"])
+    assert sinks.shown() == b"" and sinks.logged() == b"a\nb\n"
+
+
+def test_the_stderr_tail_keeps_the_last_lines(sinks):
+    relay = sinks.relay()
+    through_pipe(relay, [b"".join(b"line %d\n" % i for i in range(20_000))])
+    tail = relay.tail_lines()
+    assert tail[-1] == "line 19999" and len(tail) == 400
+    assert sinks.relay(keep_tail=False).tail_lines() == []
+
+
+def test_writes_to_a_shared_pipe_stay_within_pipe_buf_and_end_at_a_line_end(sinks, monkeypatch):
+    read, write = os.pipe()
+    assert atomic_size(write) == select.PIPE_BUF
+    assert atomic_size(sinks.log) == 0  # a regular file in append mode takes a write whole
+    writes: list[bytes] = []
+    monkeypatch.setattr(worker, "write_all", lambda fd, data: writes.append(data))
+    relay = Relay(write, sinks.log, PREFIX, Masker(), False, atomic=select.PIPE_BUF)
+    lines = [b"%05d " % i + b"w" * (i % 300) for i in range(400)]
+    lines.append(b"L" * 10_000)  # one line longer than PIPE_BUF goes out whole
+    relay.feed(b"\n".join(lines) + b"\n")
+    console = writes[1:]  # writes[0] went to the log
+    assert len(console) > 1
+    assert all(chunk.endswith(b"\n") for chunk in console)
+    assert all(len(chunk) <= select.PIPE_BUF for chunk in console[:-1])
+    assert b"".join(console) == b"".join(PREFIX + line + b"\n" for line in lines)
+    os.close(read)
+    os.close(write)
+
+
+def test_write_all_waits_out_a_full_non_blocking_pipe():
+    read, write = os.pipe()
+    os.set_blocking(write, False)
+    data = b"q" * 300_000  # more than the pipe holds
+    received = bytearray()
+
+    def drain() -> None:
+        while chunk := os.read(read, 65536):
+            received.extend(chunk)
+
+    reader = threading.Thread(target=drain)
+    reader.start()
+    write_all(write, data)
+    os.close(write)
+    reader.join(timeout=30)
+    os.close(read)
+    assert bytes(received) == data
+
+
+def test_console_stderr_opens_the_given_stream_or_falls_back_to_fd_2(tmp_path):
+    read, write = os.pipe()
+    fd = console_stderr(f"/proc/{os.getpid()}/fd/{write}")
+    assert fd not in (2, write)
+    os.write(fd, b"through /proc\n")
+    assert os.read(read, 100) == b"through /proc\n"
+    for fd_ in (fd, read, write):
+        os.close(fd_)
+    assert console_stderr(str(tmp_path / "missing")) == 2
+    assert console_stderr(None) == 2
