@@ -112,7 +112,7 @@ bench: venv standin ## ours vs bare torchrun vs the DLC launcher, 3 rounds (~10 
 
 .PHONY: bench-relay
 bench-relay: venv ## log-heavy DDP loop steps/s: ours vs bare torchrun, 10 rounds (~20 min on 2 cores) -> docs/benchmarks.md
-	$(PYTHON) scripts/relay_benchmark.py $(ARGS)
+	$(PYTHON) -m scripts.relay_benchmark $(ARGS)
 
 .PHONY: bench-threads
 bench-threads: venv ## CPU HF Trainer steps/s: OMP_NUM_THREADS default vs torchrun's 1 (~5 min) -> docs/thread-benchmark.md

@@ -14,14 +14,15 @@ from typing import Any
 from container_entry.environment import read_shm_bytes
 from container_entry.errors import STOPPED_EXIT_CODE
 from container_entry.hang import HUNG_EXIT_CODE
-from container_entry.logs import log, redact
+from container_entry.logs import MASKER, log, redact
 from container_entry.plan import run_dir
 from container_entry.records import RankRecord
 from container_entry.worker_defaults import SHM_MIN_BYTES
 
 INTERNAL_EXIT_CODE = 70  # EX_SOFTWARE: a defect of the bootstrap itself, never the user's
 # torchrun's argparse: "run.py: error: unrecognized arguments: --x" (usage lines before it)
-_USAGE_ERROR = re.compile(r"^(?:\S*run\.py|torchrun|\S+): error: (.+)$")
+# argparse's last line when torchrun rejects its command line ("run.py: error: ...")
+USAGE_ERROR = re.compile(r"^(?:\S*run\.py|torchrun|\S+): error: (.+)$")
 
 
 @dataclass
@@ -272,20 +273,27 @@ def _finished_before_stop(run: Observed) -> bool:
 def _stopped(run: Observed, host: str) -> str:
     exited = [r for r in run.results.values() if r.ended_at and run.stop_at]
     slowest = max((max(0.0, r.ended_at - run.stop_at) for r in exited if r.ended_at), default=0.0)
+    killed = sorted(run.launched - set(run.results))
+    total = len(run.launched) or len(exited)
     text = (
         f"job stopped by {run.stop_signal} on {host} (StopTrainingJob, Spot interruption or "
-        f"docker stop): {len(exited)} of {len(run.launched) or len(exited)} local ranks "
-        f"exited within {slowest:.1f} s"
+        "docker stop): "
     )
-    killed = sorted(run.launched - set(run.results))
     if killed:
         ranks = ", ".join(map(str, killed))
+        were = "were" if len(killed) > 1 else "was"
+        if exited:
+            text += f"{len(exited)} of {total} local ranks exited within {slowest:.1f} s; "
         text += (
-            f"; rank{'s' if len(killed) > 1 else ''} {ranks} did not exit within the "
-            f"{run.grace:g} s grace period and {'were' if len(killed) > 1 else 'was'} killed"
+            f"rank{'s' if len(killed) > 1 else ''} {ranks} ignored the stop: "
+            f"still running after the {run.grace:g} s grace period, {were} killed"
         )
     elif run.forced_kill:
-        text += f"; the {run.grace:g} s grace period ran out and the rest was killed"
+        text += f"the {run.grace:g} s grace period ran out and the rest was killed"
+    elif exited and len(exited) == total:
+        text += f"all {total} local ranks exited within {slowest:.1f} s"
+    else:
+        text += f"{len(exited)} of {total} local ranks exited within {slowest:.1f} s"
     return text
 
 
@@ -294,7 +302,7 @@ def _torchrun_failed(run: Observed, host: str) -> tuple[int, str]:
     command line we built, the tail of what it printed otherwise."""
     assert run.returncode is not None
     for line in reversed(run.torchrun_tail):
-        match = _USAGE_ERROR.match(line.strip())
+        match = USAGE_ERROR.match(line.strip())
         if match:
             return INTERNAL_EXIT_CODE, (
                 f"internal error: torchrun (torch {run.torch_version or 'unknown'}) on {host} "
@@ -383,5 +391,6 @@ class Outcome:
             pass
         text = "\n".join([reason, *(details or [])])
         self._write("failure", text.rstrip("\n") + "\n")
-        if record is not None:
-            self._write(self.record_path.relative_to(self.output), json.dumps(record, indent=1))
+        if record is not None:  # masked before encoding: JSON escapes would hide a secret
+            masked = MASKER.obj(record)
+            self._write(self.record_path.relative_to(self.output), json.dumps(masked, indent=1))

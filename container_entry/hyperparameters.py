@@ -70,6 +70,10 @@ def split(raw: Mapping[str, Any]) -> Hyperparameters:
         if problem:
             raise ConfigError(f"{SOURCE}: hyperparameter name {key!r} {problem}")
         decoded = decode(value)
+        # a string value is passed raw (SM_HP_<NAME>, argv); nested ones arrive JSON-escaped
+        problem = unusable(decoded) if isinstance(decoded, str) else None
+        if problem:
+            raise ConfigError(f"{SOURCE}: the value of hyperparameter {key!r} {problem}")
         if key.startswith(SAGEMAKER_PREFIX) or key in reserved:
             sagemaker[key] = decoded
         elif key.startswith(HYPERPARAMETER_PREFIX):

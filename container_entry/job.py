@@ -18,7 +18,7 @@ from container_entry.errors import (
     DeviceError,
     NetworkError,
 )
-from container_entry.failure import Observed, Outcome, verdict
+from container_entry.failure import INTERNAL_EXIT_CODE, Observed, Outcome, verdict
 from container_entry.launch import Supervisor
 from container_entry.logs import log, register_secrets
 from container_entry.plan import Plan, build_plan, run_dir
@@ -171,7 +171,11 @@ class Job:
         if checked is not None:
             result = verdict(checked, plan.topology.current_host, self.run_dir / "preflight")
             if result.exit_code != 0:
-                reason = f"preflight failed, the script did not start: {result.reason}"
+                reason = (
+                    result.reason  # our defect (torchrun rejected our argv), not the preflight's
+                    if result.exit_code == INTERNAL_EXIT_CODE
+                    else f"preflight failed, the script did not start: {result.reason}"
+                )
                 log(f"failed: {reason}")
                 self.post_failure(reason, result.exit_code)
                 outcome.failure(reason, result.details)
@@ -225,7 +229,9 @@ def train(cli_args: Sequence[str], stop: Stop) -> int:
             print(plan.to_json(), flush=True)
             return 2 if plan.problems else 0
         if plan.problems:
-            error_type = CodeError if plan.program else ConfigError
+            error_type = (
+                DeviceError if plan.gpu_problem else CodeError if plan.program else ConfigError
+            )
             raise error_type("; ".join(plan.problems))
         log("plan\n" + plan.summary())
         job = Job(plan, environ, base_dir_from(environ), stop)

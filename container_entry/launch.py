@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from container_entry.coordination import Member
-from container_entry.failure import Observed, permanent
+from container_entry.failure import USAGE_ERROR, Observed, permanent
 from container_entry.hang import (
     HUNG_EXIT_CODE,
     NCCL_PIPE_ENV,
@@ -65,6 +65,9 @@ def control_dir(name: str) -> Path:
 
 
 TORCHRUN_EXIT_SECONDS = 10.0  # after the ranks are gone, for torchrun to finish
+# A stop that freezes torchrun while it starts its workers: a worker it already started appears
+# (its pid file) within this time and gets the stop too, before torchrun is let go.
+WORKER_APPEAR_SECONDS = 2.0
 
 
 def child_environment(plan: Plan, environ: Mapping[str, str], control: Path) -> dict[str, str]:
@@ -116,16 +119,37 @@ class Workers:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(int(record["wrapper"]), sig)
 
-    def capture_stacks(self, wait: float = 0.5) -> None:
+    def request_stacks(self) -> dict[int, bool]:
         """Ask every live rank to write all its threads' Python stacks (faulthandler on SIGUSR2,
-        registered by _site/sitecustomize.py) before it is torn down."""
-        asked = False
-        for record in self.refresh().values():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(record["child"]), signal.SIGUSR2)
-                asked = True
-        if asked:
+        registered by _site/sitecustomize.py); {rank: whether it was asked}. SIGUSR2's default
+        action ends a process, so a rank without that handler (a shell entry script, a Python
+        still starting) is never sent it."""
+        asked: dict[int, bool] = {}
+        for rank, record in self.refresh().items():
+            child = int(record["child"])
+            asked[rank] = False
+            if catches(child, signal.SIGUSR2):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(child, signal.SIGUSR2)
+                    asked[rank] = True
+        return asked
+
+    def capture_stacks(self, wait: float = 0.5) -> None:
+        """Every rank's stacks on disk before it is torn down."""
+        if any(self.request_stacks().values()):
             time.sleep(wait)
+
+
+def catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` has a handler installed for `sig` (its SigCgt mask in /proc)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 class TorchrunOutput:
@@ -141,6 +165,7 @@ class TorchrunOutput:
         self.own = own_prefix
         self.tail: deque[str] = deque(maxlen=40)
         self.quiet = False  # set by the monitor when it starts a teardown
+        self.usage: list[bytes] | None = None  # an argparse usage block being held back
 
     @staticmethod
     def worker_stderr() -> str | None:
@@ -158,6 +183,29 @@ class TorchrunOutput:
             return None
         return f"/proc/{os.getpid()}/fd/2"
 
+    def _shown(self, lines: list[bytes]) -> list[bytes]:
+        """The lines to print now. torchrun rejecting its command line prints argparse's usage
+        block and `run.py: error: ...`: that is held back and dropped (the verdict names it in
+        one line); a usage block that does not end in an error is shown after all."""
+        shown: list[bytes] = []
+        for line in lines:
+            if line.startswith(self.own):
+                shown.append(line)
+            elif self.usage is not None:
+                if USAGE_ERROR.match(line.decode("utf-8", "replace").strip()):
+                    self.usage = None  # usage and error: reported by the verdict instead
+                elif line[:1].isspace():
+                    self.usage.append(line)  # the usage block's continuation lines
+                else:
+                    shown += self.usage if not self.quiet else []
+                    self.usage = None
+                    shown += [] if self.quiet else [line]
+            elif line.startswith(b"usage: "):
+                self.usage = [line]
+            elif not self.quiet:
+                shown.append(line)
+        return shown
+
     def pump(self, process: subprocess.Popen) -> None:
         assert process.stderr is not None
         fd = process.stderr.fileno()
@@ -165,18 +213,19 @@ class TorchrunOutput:
         while chunk := os.read(fd, 65536):
             lines = (pending + chunk).split(b"\n")
             pending = lines.pop()
-            shown = [line for line in lines if line.startswith(self.own) or not self.quiet]
+            shown = self._shown(lines)
             if shown:
                 with contextlib.suppress(BrokenPipeError):
                     write_all(2, b"\n".join(shown) + b"\n")
             self.tail.extend(
                 line.decode("utf-8", "replace") for line in lines if not line.startswith(self.own)
             )
-        if pending:
+        shown = self._shown([pending] if pending else []) + (self.usage or [])
+        if shown:
             with contextlib.suppress(BrokenPipeError):
-                write_all(2, pending + b"\n")
-            if not pending.startswith(self.own):
-                self.tail.append(pending.decode("utf-8", "replace"))
+                write_all(2, b"\n".join(shown) + b"\n")
+        if pending and not pending.startswith(self.own):
+            self.tail.append(pending.decode("utf-8", "replace"))
 
 
 class Supervisor:
@@ -206,6 +255,7 @@ class Supervisor:
         self.workers = Workers(self.control)
         self.signalled: set[int] = set()  # worker groups the bootstrap stopped itself
         self.frozen = False  # torchrun held with SIGSTOP while the bootstrap delivers a stop
+        self.frozen_at = 0.0
         self.output = TorchrunOutput(f"[{plan.topology.current_host} rank ".encode())
         # the hang watchdog watches the job itself, not the preflight (which has its deadline)
         self.hang_timeout = self.settings.hang_timeout if argv is None else 0.0
@@ -325,11 +375,14 @@ class Supervisor:
     def _deliver_stop(self, process: subprocess.Popen, now: float, deadline: float) -> float:
         """The bootstrap's own stop delivery (torchrun frozen): signal worker groups as they
         appear; once every started rank has ended, or the grace is over, release torchrun."""
-        pending = [rank for rank in self.workers.refresh() if rank not in self.signalled]
+        self.observed.launched |= set(self.workers.refresh())
+        pending = [rank for rank in self.observed.launched if rank not in self.signalled]
         if pending:
             self.workers.signal(signal.Signals[self.observed.stop_signal or "SIGTERM"], pending)
             self.signalled.update(pending)
         ended = set(self.observed.launched) <= set(self.observed.results)
+        if ended and len(self.observed.launched) < self.plan.workers:  # some may still appear
+            ended = now - self.frozen_at >= WORKER_APPEAR_SECONDS
         if not ended and now < deadline:
             return deadline
         if not ended:
@@ -356,7 +409,7 @@ class Supervisor:
                 process.send_signal(signal.Signals[self.stop.signal])
                 return now + grace + 5
             os.kill(process.pid, signal.SIGSTOP)
-            self.frozen = True
+            self.frozen, self.frozen_at = True, now
             return self._deliver_stop(process, now, now + grace)
         grace = self.settings.failure_grace_period
         if self.observed.first_failure:

@@ -19,8 +19,13 @@ from typing import Any
 
 MASK = "****"
 MIN_SECRET_LENGTH = 8
+# Plurals name collections of credentials (`secrets`, `passwords`), except `tokens`, which in
+# ML names counts text (`max_tokens`, `num_tokens`).
 _WORDS = frozenset(
-    {"token", "secret", "password", "passwd", "passphrase", "credential", "credentials"}
+    {
+        *("token", "secret", "secrets", "password", "passwords", "passwd", "passwds"),
+        *("passphrase", "passphrases", "credential", "credentials"),
+    }
 )
 _PAIRS = frozenset({("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key")})
 _JOINED = frozenset({"apikey", "accesskey", "privatekey", "authtoken", "secretkey"})

@@ -77,6 +77,7 @@ class Plan:
     max_restarts: int = 0  # what torchrun will use (PET_MAX_RESTARTS wins)
     preflight_argv: tuple[str, ...] = ()  # empty: no preflight
     problems: tuple[str, ...] = ()  # why this plan cannot run; empty: it can
+    gpu_problem: bool = False  # one of them is this host's GPUs (exit 4, DeviceError)
     secrets: tuple[str, ...] = field(default=(), repr=False)  # values masked in all output
     warnings: tuple[str, ...] = ()  # what the user should know; the plan can still run
     cpu_count: int = 1  # this host's, for the thread default
@@ -121,9 +122,9 @@ class Plan:
         del data["secrets"]
         data["coordination_port"] = self.coordination_port
         data["env"] = {k: {"value": v.value, "reason": v.reason} for k, v in self.env.items()}
-        if masked:
+        if masked:  # by the same rule as everything else: a credential's name and value
             for name, item in data["env"].items():
-                if is_secret_name(name) and item["value"]:
+                if is_secret_name(name) and secret_values([(name, item["value"])]):
                     item["value"] = MASK
             data = self.masker().obj(data)
         return data
@@ -422,6 +423,7 @@ def build_plan(env: Environment) -> Plan:
         max_restarts=restarts,
         preflight_argv=preflight_argv,
         problems=tuple(problems),
+        gpu_problem=bool(gpu.problems),
         secrets=tuple(secret_values(secret_pairs)),
         warnings=tuple(warnings),
         cpu_count=env.cpu_count,

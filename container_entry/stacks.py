@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -51,16 +50,20 @@ def print_live_stacks(root: Path = CONTROL_ROOT) -> int:
         print("container-entry stacks: no running job in this container", file=sys.stderr)
         return 1
     for control, run_dir in launches:
-        workers = Workers(control).refresh()
-        asked: dict[int, tuple[Path, int]] = {}
-        for rank, record in sorted(workers.items()):
+        found = Workers(control)
+        workers = found.refresh()
+        before: dict[int, tuple[Path, int]] = {}
+        for rank in sorted(workers):
             path = run_dir / "stacks" / f"rank-{rank}.txt"
-            size = path.stat().st_size if path.exists() else 0
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(record["child"]), signal.SIGUSR2)
-                asked[rank] = (path, size)
+            before[rank] = (path, path.stat().st_size if path.exists() else 0)
+        asked = found.request_stacks()
+        for rank in sorted(rank for rank, yes in asked.items() if not yes):
+            print(
+                f"rank {rank}: not asked (no stack handler in its process: not a Python script, "
+                "or still starting)"
+            )
         deadline = time.monotonic() + WAIT_SECONDS
-        pending = dict(asked)
+        pending = {rank: before[rank] for rank, yes in asked.items() if yes and rank in before}
         while pending and time.monotonic() < deadline:
             time.sleep(0.05)
             for rank, (path, size) in list(pending.items()):

@@ -24,17 +24,42 @@ def _safe_extract(archive: Path, target: Path) -> None:
     try:
         with tarfile.open(archive) as tar:
             target.mkdir(parents=True, exist_ok=True)
-            tar.extractall(target, filter="data")
-    except tarfile.FilterError as error:
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(target, filter="data")
+            else:  # Python 3.11.0-3.11.3 has no filter: the same refusals, by hand
+                for member in tar.getmembers():
+                    member.name = member.name.lstrip("/")  # as the filter: kept, inside
+                    problem = _refused(member, target)
+                    if problem:
+                        raise CodeError(f"{archive}: member {member.name!r} is refused: {problem}")
+                tar.extractall(target)
+    except tarfile.TarError as error:
+        if not isinstance(error, getattr(tarfile, "FilterError", ())):
+            raise _unreadable(archive, error) from None
         name = error.tarinfo.name if error.tarinfo else "?"
-        raise CodeError(
-            f"{archive}: member {name!r} escapes the code directory ({error})"
-        ) from None
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as error:
-        detail = str(error) or type(error).__name__
-        raise CodeError(
-            f"{archive}: cannot extract ({detail}): truncated or not a tar.gz?"
-        ) from None
+        raise CodeError(f"{archive}: member {name!r} is refused: {error}") from None
+    except (OSError, EOFError, zlib.error) as error:
+        raise _unreadable(archive, error) from None
+
+
+def _unreadable(archive: Path, error: BaseException) -> CodeError:
+    detail = str(error) or type(error).__name__
+    return CodeError(f"{archive}: cannot extract ({detail}): truncated or not a tar.gz?")
+
+
+def _refused(member: tarfile.TarInfo, target: Path) -> str | None:
+    """Why the "data" filter would refuse `member`, for a Python without it."""
+    root = target.resolve()
+    path = (root / member.name).resolve()
+    if not path.is_relative_to(root):
+        return "it would be extracted outside the code directory"
+    if member.isdev() or member.isfifo():
+        return "it is a special file"
+    if member.issym() or member.islnk():
+        link = ((path.parent if member.issym() else root) / member.linkname).resolve()
+        if member.linkname.startswith("/") or not link.is_relative_to(root):
+            return f"its link target {member.linkname!r} is outside the code directory"
+    return None
 
 
 def _download_s3(url: str, destination: Path, environ: dict[str, str]) -> None:

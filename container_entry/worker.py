@@ -38,6 +38,7 @@ from typing import Any
 
 from container_entry.masking import Masker
 from container_entry.records import RankRecord, write_json
+from container_entry.stopping import STOP_SIGNALS
 
 CONTROL_ENV = "_CONTAINER_ENTRY_CONTROL"  # the launcher's private folder: command.json, pids
 STACKS_ENV = "_CONTAINER_ENTRY_STACKS"  # read by _site/sitecustomize.py in the script's Python
@@ -373,10 +374,11 @@ def main(argv: list[str]) -> int:
 
     env = dict(os.environ)
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a segfault prints the Python stacks
-    # stacks on demand (SIGUSR2) for the teardown report; appended, so a user's PYTHONPATH
-    # entries (and their own sitecustomize) still come first
+    # stacks on demand (SIGUSR2) for the teardown report and `container-entry stacks`: first on
+    # PYTHONPATH (the folder holds nothing else) so a sitecustomize of the user's own cannot hide
+    # it; ours then runs theirs
     env[STACKS_ENV] = str(run_dir / "stacks" / f"rank-{rank}.txt")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), SITE_DIR) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (SITE_DIR, env.get("PYTHONPATH")) if p)
     env.pop(CONTROL_ENV, None)
     program = [sys.executable, "-u", *command] if script.endswith(".py") else command
 
@@ -386,7 +388,7 @@ def main(argv: list[str]) -> int:
         stop.setdefault("signal", signal.Signals(signum).name)
         stop.setdefault("at", time.time())
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, note_stop)
 
     started = time.time()

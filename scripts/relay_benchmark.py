@@ -15,7 +15,7 @@ seconds of its ancestors (/proc) over the same window: for ours the wrapper, tor
 bootstrap, whose sum over both ranks' wrappers plus the bootstrap is "relay CPU".
 Results: median (min-max) over the rounds; the ratio is the median of the per-round ratios.
 
-    python scripts/relay_benchmark.py [--rounds 5] [--steps 3000] [--before DIR] [--no-write]
+    python -m scripts.relay_benchmark [--rounds 5] [--steps 3000] [--before DIR] [--no-write]
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from scripts import doc_block
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "benchmarks.md"
@@ -389,15 +391,6 @@ def render(results: dict, meta: dict) -> str:
     )
 
 
-def write_docs(path: Path, table: str) -> None:
-    text = path.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{path}: no {BEGIN} ... {END} block to replace")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    path.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=10)
@@ -439,7 +432,7 @@ def main() -> int:
     table = render(results, meta)
     print(table)
     if not args.no_write:
-        write_docs(args.out, table)
+        doc_block.write_block(args.out, table, BEGIN, END)
         print(f"written: {args.out}")
     return 0
 

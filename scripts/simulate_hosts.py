@@ -44,6 +44,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from container_entry.plan import run_dir
+
 REPO = Path(__file__).resolve().parents[1]
 SCENARIOS = ("relay", "kill", "freeze", "disconnect", "freeze-master")
 
@@ -84,7 +86,7 @@ class Host:
 
     @property
     def run_dir(self) -> Path:
-        return self.base / "output" / "data" / "container-entry"
+        return run_dir(self.base)
 
     def read(self, name: str) -> dict | None:
         try:

@@ -36,6 +36,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from scripts import doc_block
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "hf_trainer_tiny.py"
 DOCS = REPO / "docs" / "thread-benchmark.md"
@@ -148,10 +150,7 @@ def shared_machine(image: str, rounds: int, batches: list[int], epochs: int, out
     ])  # fmt: skip
     print(block)
     if out is not None:
-        page = out.read_text()
-        head, rest = page.split(SHARED_BEGIN, 1)
-        _, tail = rest.split(SHARED_END, 1)
-        out.write_text(f"{head}{SHARED_BEGIN}\n{block}\n{SHARED_END}{tail}")
+        doc_block.write_block(out, block, SHARED_BEGIN, SHARED_END)
         print(f"wrote {out}")
     return 0
 

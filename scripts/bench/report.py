@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from scripts import doc_block
 from scripts.bench.results import HOSTS, VARIANTS, Results, Run
 
 BEGIN, END = "<!-- generated: make bench -->", "<!-- end generated -->"
@@ -181,14 +182,10 @@ def render(results: Results) -> str:
 
 
 def replace_block(page: str, block: str) -> str:
-    """`page` with the text between BEGIN and the first END after it replaced by `block`."""
-    start = page.find(BEGIN)
-    end = page.find(END, start) if start >= 0 else -1
-    if end < 0:
-        raise ValueError(f"no {BEGIN} ... {END} block to replace")
-    return f"{page[: start + len(BEGIN)]}\n{block}\n{page[end:]}"
+    """`page` with its `make bench` block replaced by `block`."""
+    return doc_block.replace_block(page, block, BEGIN, END)
 
 
 def write_block(path: Path, block: str) -> None:
     """Rewrite the generated block of `path`, leaving every other line as it is."""
-    path.write_text(replace_block(path.read_text(), block))
+    doc_block.write_block(path, block, BEGIN, END)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
+import time
 
 from scripts.local_cluster import Cluster
 from tests.docker.conftest import REPO
@@ -62,6 +64,37 @@ def test_two_hosts_train_with_ddp_and_no_distribution_flag(image, train_data, tm
     algo1, algo2 = (r.tree / "model" for r in results)
     assert len(list(algo1.glob("*.safetensors"))) == 1
     assert list(algo2.iterdir()) == []
+    for result in results:  # what the CPU preflight checks, in its own words
+        assert "preflight: no GPU on this host; all_reduce across 2 hosts" in result.logs
+        # output/data is uploaded with the job: logs and records, no pid or empty stack files
+        kept = sorted(
+            str(p.relative_to(result.tree / "output/data"))
+            for p in (result.tree / "output/data/container-entry").rglob("*")
+            if p.is_file()
+        )
+        assert kept and not [k for k in kept if k.endswith(".pid") or "stacks" in k], kept
+
+
+def test_torchrun_rejecting_our_command_line_is_one_line_naming_the_torch(image, tmp_path):
+    """A torch whose metadata claims 2.12 (so the plan passes --shutdown-timeout) in front of
+    the image's real torch 2.9 launcher: what a user sees when our flag table is wrong."""
+    fake = tmp_path / "fake" / "torch-2.12.0.dist-info"
+    fake.mkdir(parents=True)
+    (fake / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.12.0\n")
+    (tmp_path / "hello.py").write_text("print('never runs')\n")
+    result = docker_run(
+        *("-e", "PYTHONPATH=/fake", "-v", f"{tmp_path / 'fake'}:/fake:ro"),
+        *("-v", f"{tmp_path}:/code:ro", image, "train", "/code/hello.py"),
+    )
+    assert result.returncode == 70, result.stderr[-3000:]
+    failed = [line for line in result.stderr.splitlines() if "failed:" in line]
+    assert len(failed) == 1 and re.fullmatch(
+        r"\[container-entry\] failed: internal error: torchrun \(torch 2\.12\.0\) on \S+ "
+        r"rejected the command line container-entry built: unrecognized arguments: "
+        r"--shutdown-timeout",
+        failed[0],
+    ), result.stderr[-3000:]
+    assert "usage:" not in result.stderr and "never runs" not in result.stdout
 
 
 def test_docker_run_without_opt_ml_runs_the_script_from_the_command_line(image, tmp_path):
@@ -160,3 +193,59 @@ def test_docker_s_64_mib_shm_is_warned_about_and_named_when_a_rank_runs_out(imag
     assert large.returncode == 0, large.stderr[-3000:]
     assert "/dev/shm is" not in large.stderr
     assert large.stdout.count("FILLED") == 2
+
+
+def test_container_entry_stacks_in_a_live_container(image, tmp_path):
+    """`docker exec CONTAINER container-entry stacks` (an SSM session on SageMaker): the function
+    each rank is in, tagged by rank, while the job runs on; the job then finishes normally."""
+    (tmp_path / "loop.py").write_text(
+        "import os, time\n"
+        "def train_loop():\n"
+        "    for step in range(60):\n"
+        "        print(f'step {step}', flush=True)\n"
+        "        time.sleep(0.25)\n"
+        "train_loop()\n"
+    )
+    name = f"ce-stacks-{tmp_path.name}"[:60]
+    started = subprocess.run(
+        [
+            *("docker", "run", "-d", "--name", name, "-e", "PET_NPROC_PER_NODE=2"),
+            *("-v", f"{tmp_path}:/opt/ml/code:ro", image, "train", "loop.py"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    container = started.stdout.strip()
+    try:
+        deadline = time.monotonic() + 120
+        logs = ""
+        while time.monotonic() < deadline:
+            logs = subprocess.run(
+                ["docker", "logs", container], capture_output=True, text=True, check=False
+            ).stdout
+            if all(f"rank {r}] step 3" in logs for r in (0, 1)):
+                break
+            time.sleep(0.5)
+        shown = subprocess.run(
+            ["docker", "exec", container, "container-entry", "stacks"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        exit_code = subprocess.run(
+            ["docker", "wait", container], capture_output=True, text=True, timeout=120, check=True
+        ).stdout.strip()
+        logs = subprocess.run(
+            ["docker", "logs", container], capture_output=True, text=True, check=False
+        )
+    finally:
+        subprocess.run(["docker", "rm", "-f", container], capture_output=True, check=False)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    for rank in (0, 1):
+        lines = [line for line in shown.stdout.splitlines() if f" rank {rank}] " in line]
+        assert any(line.endswith(" in train_loop") for line in lines), shown.stdout
+        assert lines[-1].endswith(f"stacks/rank-{rank}.txt)"), shown.stdout
+    assert exit_code == "0", logs.stderr[-3000:]
+    assert "rank 1] step 59" in logs.stdout  # it ran on to the end

@@ -180,3 +180,18 @@ def test_dry_run_knob_makes_train_print_the_plan(tmp_path):
     plan = json.loads(result.stdout)
     assert plan["user_args"] == ["--lr", "0.1"] and plan["env"]["SM_HP_LR"]["value"] == "0.1"
     assert not (tree.output / "success").exists() and not (tree.output / "data").exists()
+
+
+def test_a_nul_in_a_hyperparameter_is_one_line_also_when_the_script_is_on_the_command_line(
+    tmp_path,
+):
+    """`train script.py ARGS` ignores hyperparameters.json for the arguments, but its values still
+    become SM_HP_<NAME> variables: a NUL there is the same one line, never a launch crash."""
+    tree = make_tree(tmp_path)
+    hyperparameter("note", json.dumps("a\u0000b"))(tree)
+    env = bootstrap_env(tree)
+    result = run(bootstrap_argv(str(tree.base / "code" / "ddp_probe.py"), "--x", "1"), env, 120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    failure = (tree.output / "failure").read_text()
+    assert "hyperparameter 'note' contains a NUL" in failure and failure.count("\n") == 1

@@ -183,7 +183,10 @@ def test_secrets_are_masked_everywhere_and_only_secrets(tmp_path):
         "use_auth_token": "true",
     }
     tree = make_tree(tmp_path, hyperparameters=hps, script=ARGV_PROBE)
-    env = probe_env(tree, PROBE_ACTION="print-secret", PROBE_SECRET=secret)
+    # the script takes the key from its own arguments: only the decoded hyperparameter can have
+    # registered it for masking (no environment variable holds it)
+    env = probe_env(tree, PROBE_ACTION="print-secret", PROBE_KEY_ARG="--openai_api_key")
+    assert not any(secret in value for value in env.values())
     result = run(bootstrap_argv(), env, timeout=120)
     assert result.returncode == 1, result.stderr[-3000:]
     assert received(tree)[received(tree).index("--openai_api_key") + 1] == secret  # script has it
@@ -272,27 +275,43 @@ def test_an_unexpected_exception_is_one_line_a_failure_file_and_exit_70(tmp_path
 def handles_sigterm(pid: int, timeout: float = 10.0) -> bool:
     """Wait until the process caught SIGTERM (its SigCgt mask): the bootstrap's first act.
     Before it, as PID 1 in a container the kernel drops the signal, and here it kills."""
+    from container_entry.launch import catches
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        status = Path(f"/proc/{pid}/status").read_text()
-        caught = int(
-            next(line for line in status.splitlines() if line.startswith("SigCgt:"))[7:], 16
-        )
-        if caught & (1 << (signal.SIGTERM - 1)):
+        if catches(pid, signal.SIGTERM):
             return True
         time.sleep(0.001)
     return False
 
 
-def test_stop_at_any_moment_of_the_start_is_a_stopped_job(tmp_path):
+def torch_metadata(folder: Path, version: str) -> Path:
+    """A torch-<version>.dist-info on PYTHONPATH in front of the real torch: the bootstrap then
+    plans for that release while the installed launcher runs. "2.9.0" stands in for the
+    default base's torchrun, which has no --shutdown-timeout (the bootstrap delivers a stop)."""
+    info = folder / f"torch-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+    return folder
+
+
+@pytest.mark.parametrize("delivery", ["torchrun", "bootstrap"])
+def test_stop_at_any_moment_of_the_start_is_a_stopped_job(tmp_path, delivery):
     """SIGTERM at every phase (reading, preparing, launching, rendezvous, training): always 143
-    and a failure file, never a traceback, a hang or a survivor."""
+    and a failure file, never a traceback, a hang or a survivor; with torchrun delivering the
+    stop (--shutdown-timeout, the host's newest torch) and with the bootstrap delivering it
+    (torchrun frozen, as on torch 2.9)."""
+    extra = {}
+    if delivery == "bootstrap":
+        extra["PYTHONPATH"] = str(torch_metadata(tmp_path / "fake-torch", "2.9.0"))
     delays = [0.0, 0.05, 0.15, 0.3, 0.5, 0.8, 1.2, 1.8, 2.5, 3.5, 5.0]
     for index, delay in enumerate(delays):
         tree = make_tree(tmp_path / str(index), script=FAULT)
         hps = {"steps": "1000", "step-seconds": "0.1", "checkpoint-on-term": "true"}
         tree.base.joinpath("input/config/hyperparameters.json").write_text(json.dumps(hps))
-        env = bootstrap_env(tree, SAGEMAKER_PROGRAM="fault_probe.py", PET_NPROC_PER_NODE="2")
+        env = bootstrap_env(
+            tree, SAGEMAKER_PROGRAM="fault_probe.py", PET_NPROC_PER_NODE="2", **extra
+        )
         process = subprocess.Popen(
             bootstrap_argv(),
             env=env,
@@ -316,6 +335,8 @@ def test_stop_at_any_moment_of_the_start_is_a_stopped_job(tmp_path):
         assert "Traceback" not in err, (delay, err[-6000:])
         line = first_line(tree)
         assert "stopped by SIGTERM" in line, (delay, line)
+        if delay == delays[-1]:  # training: the plan said who delivers the stop
+            assert f"stop grace {'torchrun' if delivery == 'torchrun' else 'delivered'}" in err
         logs = (tree.output / "data" / "container-entry" / "logs").glob("rank-*.log")
         for path in logs:
             for pid in re.findall(r"started rank \d+ pid (\d+)", path.read_text()):

@@ -35,34 +35,53 @@ def root_namespaces():
         pytest.fail("this test needs root for a private mount namespace (CI runs as root)")
 
 
-def test_a_failing_nvidia_smi_on_a_driver_host_is_refused_not_run_on_cpu(tmp_path, root_namespaces):
-    """Fake `nvidia-smi` exiting 9 with NVIDIA's message stands in for a driver/library
-    mismatch; a fake /proc/driver/nvidia/gpus for the driver of an 8-GPU host."""
-    bin_dir = tmp_path / "bin"
-    fake_binary(
-        bin_dir,
-        "nvidia-smi",
+SMI_FAILURES = [
+    # stands in for a driver/library mismatch: NVIDIA's own message, a non-zero exit
+    (
+        "exits-9",
         'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."'
         " >&2\nexit 9\n",
-    )
+        "`nvidia-smi -L` failed: exit code 9: NVIDIA-SMI has failed because it couldn't "
+        "communicate with the NVIDIA driver.",
+    ),
+    # stands in for a wedged driver: the query never answers (gpus.QUERY_TIMEOUT, 30 s)
+    ("hangs", "exec sleep 600\n", "`nvidia-smi -L` failed: no answer within 30 s"),
+    # (no nvidia-smi at all with /dev/nvidia* mapped in: tests/unit/test_gpus.py; with only the
+    # host's /proc/driver entries it is `docker run` without --gpus: CPU, with a warning)
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "script", "problem"), SMI_FAILURES, ids=[case[0] for case in SMI_FAILURES]
+)
+def test_a_failing_nvidia_smi_on_a_driver_host_is_refused_not_run_on_cpu(
+    tmp_path, root_namespaces, name, script, problem
+):
+    """A fake /proc/driver/nvidia/gpus stands in for the driver of an 8-GPU host; the fake
+    `nvidia-smi` (or its absence) for the ways its query fails there."""
+    bin_dir = tmp_path / "bin"
+    fake_binary(bin_dir, "nvidia-smi", script)
     driver = tmp_path / "driver"
     for index in range(8):
         (driver / "nvidia" / "gpus" / f"0000:{16 + index:02x}:1c.0").mkdir(parents=True)
     tree = make_tree(tmp_path)
-    env = bootstrap_env(tree, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    path = ":".join(p for p in os.environ["PATH"].split(":") if not Path(p, "nvidia-smi").exists())
+    env = bootstrap_env(tree, PATH=f"{bin_dir}:{path}")
     env["SAGEMAKER_PROGRAM"] = "ddp_probe.py"
 
-    plan = run(with_fake_driver([*bootstrap_argv()[:-1], "plan"], driver), env, timeout=60)
-    assert plan.returncode == 2, plan.stderr
+    plan = run(with_fake_driver([*bootstrap_argv()[:-1], "plan"], driver), env, timeout=90)
+    assert plan.returncode == 2, plan.stderr  # `plan`: exit 2 whenever it lists problems
     data = json.loads(plan.stdout)
     assert data["num_gpus"] == 8 and data["backend"] == "nccl"
     assert "ACCELERATE_USE_CPU" not in data["env"]
-    assert any("`nvidia-smi -L` failed: exit code 9" in p for p in data["problems"])
+    assert any(problem in p for p in data["problems"]), data["problems"]
+    if name == "hangs":
+        return  # `train` would wait the same 30 s to say the same
 
-    done = run(with_fake_driver(bootstrap_argv(), driver), env, timeout=60)
-    assert done.returncode == 2, done.stderr[-2000:]
+    done = run(with_fake_driver(bootstrap_argv(), driver), env, timeout=90)
+    assert done.returncode == 4, done.stderr[-2000:]  # this host's GPUs are not usable
     failure = (tree.output / "failure").read_text()
-    assert "couldn't communicate with the NVIDIA driver" in failure
+    assert problem in failure and failure.count("\n") == 1, failure
     assert "started rank" not in done.stdout
 
 

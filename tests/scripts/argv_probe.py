@@ -1,8 +1,8 @@
 """Records exactly what the script received (argv, selected env) and optionally misbehaves.
 
-PROBE_ACTION (environment): "ok" (default), "print-secret" (prints and raises with the value of
-PROBE_SECRET), "exit-message" (sys.exit with a message), "strict" (argparse that refuses
-unknown arguments, as HfArgumentParser does).
+PROBE_ACTION (environment): "ok" (default), "print-secret" (prints and raises with the value that
+follows the argument named by PROBE_KEY_ARG in its own argv), "exit-message" (sys.exit with a
+message), "strict" (argparse that refuses unknown arguments, as HfArgumentParser does).
 """
 
 import json
@@ -15,7 +15,8 @@ with open(os.path.join(out, f"argv-rank-{rank}.json"), "w", encoding="utf-8") as
     json.dump({"argv": sys.argv[1:], "cwd": os.getcwd()}, handle)
 action = os.environ.get("PROBE_ACTION", "ok")
 if action == "print-secret":
-    secret = os.environ["PROBE_SECRET"]
+    args = sys.argv[1:]
+    secret = args[args.index(os.environ["PROBE_KEY_ARG"]) + 1]
     print(f"using key {secret} now", flush=True)
     raise RuntimeError(f"auth failed with key {secret}")
 if action == "exit-message":

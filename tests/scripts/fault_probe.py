@@ -1,7 +1,8 @@
 """A DDP worker that trains in steps (an all_reduce each) and misbehaves on request.
 
 --fault raise|segfault|exit3|sigkill-self|none on --fault-rank at --fault-step; on SIGTERM it
-records when it got the signal, optionally writes a checkpoint (--checkpoint-on-term) or
+records when it got the signal, optionally writes a checkpoint (--checkpoint-on-term) that takes
+--term-work-seconds to save (a slow checkpoint: longer than torchrun's fixed 30 s before 2.12) or
 ignores the signal (--ignore-term) to test the grace period.
 """
 
@@ -23,6 +24,7 @@ parser.add_argument("--fault-step", type=int, default=2)
 parser.add_argument("--steps", type=int, default=5)
 parser.add_argument("--step-seconds", type=float, default=0.5)
 parser.add_argument("--checkpoint-on-term", action="store_true")
+parser.add_argument("--term-work-seconds", type=float, default=0.0)
 parser.add_argument("--ignore-term", action="store_true")
 args, _ = parser.parse_known_args()
 
@@ -36,6 +38,7 @@ def on_term(signum, _frame):
     with open(os.path.join(out, f"term-rank-{rank}.txt"), "w") as handle:
         handle.write(repr(time.time()))
     if args.checkpoint_on_term:
+        time.sleep(args.term_work_seconds)  # serialising a large model to slow storage
         os.makedirs(checkpoints, exist_ok=True)
         path = os.path.join(checkpoints, f"checkpoint-rank-{rank}.json")
         with open(path + ".tmp", "w") as handle:

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 from container_entry.hang import PROGRESS_ENV
 from container_entry.launch import (
@@ -116,3 +117,97 @@ def test_torchrun_s_own_lines_are_kept_and_shown_until_a_teardown_quiets_them(ca
     assert "SignalException" not in shown  # the teardown's own noise
     assert "[algo-1 rank 0] last" in shown  # rank lines always
     assert list(output.tail) == ["torchrun says 1", "Traceback: SignalException", "no newline"]
+
+
+def _pumped(capfd, text: str) -> tuple[str, list[str]]:
+    script = f"import sys; sys.stderr.write({text!r}); sys.stderr.flush()"
+    process = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
+    output = TorchrunOutput(b"[algo-1 rank ")
+    output.pump(process)
+    process.wait()
+    return capfd.readouterr().err, list(output.tail)
+
+
+USAGE = (
+    "usage: run.py [-h] [--nnodes NNODES] [--nproc-per-node NPROC_PER_NODE]\n"
+    "              [--rdzv-backend RDZV_BACKEND] [--numa-binding {node,socket}]\n"
+    "              training_script ...\n"
+    "run.py: error: unrecognized arguments: --shutdown-timeout\n"
+)
+
+
+def test_torchrun_rejecting_its_command_line_prints_no_usage_text(capfd):
+    shown, tail = _pumped(capfd, "[algo-1 rank 0] fine\n" + USAGE)
+    assert shown == "[algo-1 rank 0] fine\n"  # the verdict names it in one line instead
+    assert tail[-1] == "run.py: error: unrecognized arguments: --shutdown-timeout"
+
+
+def test_a_usage_block_without_an_error_is_shown_after_all(capfd):
+    shown, _ = _pumped(capfd, "usage: something\n   more\nnot a usage line\n")
+    assert shown == "usage: something\n   more\nnot a usage line\n"
+
+
+def test_torch_s_own_cpp_lines_reach_the_torchrun_failure_report():
+    from container_entry.failure import Observed, verdict
+
+    run = Observed(torch_version="2.9.0")
+    run.returncode = 1
+    run.torchrun_tail = [
+        "usage: ignored",
+        "[W1203 10:00:00.000 socket.cpp:200] [c10d] The client socket has timed out",
+        "[E1203 10:00:01.000 TCPStore.cpp:100] [c10d] connect() to algo-1:29500 failed",
+    ]
+    result = verdict(run, "algo-2", Path("/nonexistent"))
+    assert result.exit_code == 1
+    assert "[E1203 10:00:01.000 TCPStore.cpp:100] [c10d] connect() to algo-1" in result.reason
+    assert "usage" not in result.reason
+
+
+def test_torchrun_rejecting_our_command_line_is_an_internal_error_naming_the_torch():
+    from container_entry.failure import INTERNAL_EXIT_CODE, Observed, verdict
+
+    run = Observed(torch_version="2.9.0+cu128")
+    run.returncode = 2
+    run.torchrun_tail = USAGE.splitlines()
+    result = verdict(run, "algo-2", Path("/nonexistent"))
+    assert result.exit_code == INTERNAL_EXIT_CODE
+    assert result.reason == (
+        "internal error: torchrun (torch 2.9.0+cu128) on algo-2 rejected the command line "
+        "container-entry built: unrecognized arguments: --shutdown-timeout"
+    )
+
+
+def test_only_ranks_with_a_stack_handler_are_asked_for_stacks(tmp_path):
+    """SIGUSR2 ends a process that has no handler for it: a shell entry script, or a Python
+    rank still starting, is never sent it, while a Python rank dumps and carries on."""
+    ready = tmp_path / "ready"
+    python = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import faulthandler, signal, sys, time, pathlib\n"
+            f"faulthandler.register(signal.SIGUSR2, file=open({str(tmp_path / 's')!r}, 'a'))\n"
+            f"pathlib.Path({str(ready)!r}).touch()\n"
+            "time.sleep(60)\n",
+        ]
+    )
+    shell = subprocess.Popen(["sh", "-c", "sleep 60"])
+    try:
+        for rank, child in ((0, python), (1, shell)):
+            record = {"rank": rank, "wrapper": child.pid, "child": child.pid, "host": "algo-1"}
+            (tmp_path / f"rank-{rank}.pid").write_text(json.dumps(record))
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        from container_entry.launch import catches
+
+        assert catches(python.pid, signal.SIGUSR2) and not catches(shell.pid, signal.SIGUSR2)
+        assert Workers(tmp_path).request_stacks() == {0: True, 1: False}
+        time.sleep(0.5)
+        assert python.poll() is None and shell.poll() is None  # both still running
+        assert "File" in (tmp_path / "s").read_text()
+        assert not catches(999_999_999, signal.SIGUSR2)  # no such process
+    finally:
+        for child in (python, shell):
+            child.kill()
+            child.wait()

@@ -24,10 +24,14 @@ SECRET_NAMES = [
     "client_secret",
     "apikey",
     "AuthToken",
+    "secrets",
+    "db_passwords",
+    "ssh_passphrases",
 ]
 ORDINARY_NAMES = [
     "tokenizer_name",
     "max_tokens",
+    "num_tokens",
     "tokens_per_batch",
     "session_name",
     "author",
@@ -95,6 +99,24 @@ def test_the_plan_masks_every_secret_and_shows_every_ordinary_value():
     for visible in ("bert-base-uncased", "4096", "/opt/ml/input/data/model", "algo-2"):
         assert visible in shown
     assert "--use_auth_token True" in plan.summary()
+    shown_env = plan.to_dict()["env"]
+    assert shown_env["SM_HP_USE_AUTH_TOKEN"]["value"] == "true"  # a boolean under a secret name
+    assert shown_env["SM_HP_HF_TOKEN"]["value"] == MASK
+    assert "bert-base-uncased" in shown_env["SM_HPS"]["value"]  # only the secret inside is masked
+
+
+def test_short_values_under_secret_names_stay_visible_in_the_plan():
+    env = make_env(
+        hyperparameters={"hf_token": '"abc"'},
+        environ={"SAGEMAKER_PROGRAM": "t.py", "DB_PASSWORD": "1234"},
+    )
+    shown_env = build_plan(env).to_dict()["env"]
+    assert shown_env["SM_HP_HF_TOKEN"]["value"] == "abc"
+
+
+def test_a_dict_named_secrets_is_masked_by_its_name():
+    found = secret_values([("secrets", '{"a": "zzzzzzzzzzzz", "b": 7}')])
+    assert found == ["zzzzzzzzzzzz"]
 
 
 def test_command_line_credentials_are_masked_too():
