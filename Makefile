@@ -106,13 +106,19 @@ run: ## docker run --gpus GPUS IMAGE on SCRIPT ARGS (current dir mounted at /opt
 	python3 -m scripts.run_local
 
 .PHONY: bench
-bench: venv standin ## ours vs bare torchrun vs the DLC launcher, 3 rounds (~10 min on 2 cores; ARGS=--quick: 1 round) -> docs/benchmarks.md
+bench: venv standin ## ours vs bare torchrun vs the DLC launcher (5 rounds), then the relay table (5 rounds), ~40 min on 2 cores -> docs/benchmarks.md
 	$(MAKE) --no-print-directory build BASE_IMAGE=$(STANDIN) IMAGE=container-entry:bench
-	$(PYTHON) -m scripts.bench --image container-entry:bench --base $(STANDIN) $(ARGS)
+	$(PYTHON) -m scripts.bench --image container-entry:bench --base $(STANDIN) --rounds 5 $(ARGS)
+	$(PYTHON) -m scripts.relay_benchmark --image container-entry:bench --rounds 5
 
 .PHONY: bench-relay
-bench-relay: venv ## log-heavy DDP loop steps/s: ours vs bare torchrun, 10 rounds (~20 min on 2 cores) -> docs/benchmarks.md
-	$(PYTHON) -m scripts.relay_benchmark $(ARGS)
+bench-relay: venv standin ## the relay table alone: log-heavy DDP loop and HF job, ours vs bare torchrun in the image (ARGS=--rounds N ...) -> docs/benchmarks.md
+	$(MAKE) --no-print-directory build BASE_IMAGE=$(STANDIN) IMAGE=container-entry:bench
+	$(PYTHON) -m scripts.relay_benchmark --image container-entry:bench $(ARGS)
+
+.PHONY: bench-liveness
+bench-liveness: venv ## N-host simulation of the real bootstrap (2-256 hosts): a killed, frozen, cut-off host noticed in ... s -> docs/liveness.md
+	$(PYTHON) -m scripts.simulate_hosts --hosts 2 16 64 256 --write-docs docs/liveness.md $(ARGS)
 
 .PHONY: bench-threads
 bench-threads: venv ## CPU HF Trainer steps/s: OMP_NUM_THREADS default vs torchrun's 1 (~5 min) -> docs/thread-benchmark.md

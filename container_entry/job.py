@@ -123,7 +123,9 @@ class Job:
         user_code.install_requirements(plan, plan.argv[0])
         for directory in (self.base / "model", self.run_dir):
             directory.mkdir(parents=True, exist_ok=True)
-        if plan.num_gpus:  # before 8 ranks each fail alone: does torch see what was counted?
+        # before 8 ranks each fail alone: does torch see what was counted? (The preflight, when
+        # it runs, checks the same on every host: no second Python start for it here.)
+        if plan.num_gpus and not plan.preflight_argv:
             env = {**{k: v.value for k, v in plan.env.items()}, **self.environ}
             problem = check_visible_gpus(plan.argv[0], plan.num_gpus, env)
             if problem:

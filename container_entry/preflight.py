@@ -390,8 +390,11 @@ def main() -> None:
 
     progress.enter("gpu-count")
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if visible != expected:
-        raise _fail("gpu-count", host, f"the plan counted {expected} GPUs, torch sees {visible}")
+    if visible != expected:  # the bootstrap's own check, for its versions in the report
+        detail = check_visible_gpus(sys.executable, expected, os.environ)
+        raise _fail(
+            "gpu-count", host, detail or f"the plan counted {expected} GPUs, torch sees {visible}"
+        )
     if expected and local_world > visible:
         raise _fail("gpu-count", host, f"{local_world} workers but only {visible} GPUs")
     if local_rank == 0:

@@ -49,6 +49,7 @@ class Cluster:
     code: dict[str, bytes] = field(default_factory=dict)
     command: list[str] | None = field(default_factory=lambda: ["train"])
     interface: str = "eth0"
+    shm_size: str | None = "1g"  # None: docker's own default (64 MiB)
 
     def tree(self, host: str) -> Path:
         return self.root / host / "ml"
@@ -113,7 +114,7 @@ class Cluster:
                 environment=self.environment,
                 volumes={str(base): {"bind": "/opt/ml", "mode": "rw"}},
                 network=self.network.name,
-                shm_size="1g",
+                shm_size=self.shm_size,
             )
             self.network.disconnect(container)  # reconnect with the algo-N alias
             self.network.connect(container, aliases=[host])

@@ -10,12 +10,18 @@ step and, in the heavier scenarios, 20 lines of ~100 bytes per step, to stdout o
             relayed by the per-rank wrapper (tagged, masked, rank log, rank record)
 
 in alternation (the order flips every round), both writing into pipes this script drains, as
-docker's log pipe would. Rank 0 times its steps after a warm-up; each rank also reads the CPU
-seconds of its ancestors (/proc) over the same window: for ours the wrapper, torchrun and the
-bootstrap, whose sum over both ranks' wrappers plus the bootstrap is "relay CPU".
+docker's log pipe would. With `--image IMAGE` (what `make bench` runs) each run is a container of
+that image instead: `docker run IMAGE python3 -m torch.distributed.run ...` against
+`docker run IMAGE train ...`, the same torch, Python and CPUs for both. Scenario `hf` is the tiny
+HF Trainer job (examples/hf_trainer_tiny.py, one log line per step) under both launchers, its
+steps/s from the Trainer's own `train_steps_per_second`. Rank 0 times its steps after a
+warm-up; each rank also reads the CPU seconds of its ancestors (/proc) over the same window: for
+ours the wrapper, torchrun and the bootstrap, whose sum over both ranks' wrappers plus the
+bootstrap is "relay CPU".
 Results: median (min-max) over the rounds; the ratio is the median of the per-round ratios.
 
-    python -m scripts.relay_benchmark [--rounds 5] [--steps 3000] [--before DIR] [--no-write]
+    python -m scripts.relay_benchmark [--image IMAGE] [--rounds 5] [--steps 3000] [--before DIR]
+                                      [--scenarios 1:stdout,20:stderr,hf] [--no-write]
 """
 
 from __future__ import annotations
@@ -39,9 +45,12 @@ from scripts import doc_block
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- generated: make bench-relay -->", "<!-- end generated: make bench-relay -->"
-GOALS = {1: 0.98, 20: 0.95}  # lines per step -> ours / torchrun at least
+GOALS = {0: 0.98, 1: 0.98, 20: 0.95}  # lines per step (0: the HF job) -> ours / torchrun
 BEFORE: dict[str, Path] = {}  # launcher name -> folder holding another container_entry
-SCENARIOS = [(1, "stdout"), (1, "stderr"), (20, "stdout"), (20, "stderr")]
+SCENARIOS = [(1, "stdout"), (1, "stderr"), (20, "stdout"), (20, "stderr"), (0, "hf")]
+HF_SCRIPT = REPO / "examples" / "hf_trainer_tiny.py"
+HF_EPOCHS = 4  # 512 examples, batch 8 per rank, 2 ranks: 32 steps per epoch
+IN_IMAGE = Path("/opt/ml")  # where a container sees the run's tree
 
 WORKLOAD = r'''
 """Tiny DDP MLP step loop that prints `--lines` extra lines per step to `--stream`."""
@@ -202,37 +211,62 @@ class RunFailed(Exception):
     pass
 
 
-def run_once(launcher: str, lines: int, stream: str, steps: int, extra_env: dict) -> dict:
+def command(
+    launcher: str, base: Path, script_args: list[str], port: int, image: str | None, hf: bool
+) -> tuple[list[str], dict[str, str]]:
+    """The job's command line and environment, on this host or in a container of `image`."""
+    root = IN_IMAGE if image else base
+    script = root / "code" / ("hf_trainer_tiny.py" if hf else "relay_workload.py")
+    env = {"OMP_NUM_THREADS": "1"}
+    if hf:  # both launchers: the summary where this script reads it
+        env["SUMMARY_DIR"] = str(root / "result")
+    if launcher.startswith("torchrun"):
+        if launcher == "torchrun-u":  # the workers unbuffered, as ours runs them (-u)
+            env["PYTHONUNBUFFERED"] = "1"
+        if hf:  # what the bootstrap sets on a CPU host (docs/cpu-ddp.md)
+            env["ACCELERATE_USE_CPU"] = "true"
+        python = "python3" if image else sys.executable
+        argv = [
+            python, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+            "--master-port", str(port), str(script), *script_args,
+        ]  # fmt: skip
+    else:
+        # the image's entrypoint is the bootstrap: `train NAME` finds NAME in the working folder
+        bootstrap = [] if image else [sys.executable, "-m", "container_entry"]
+        argv = [*bootstrap, "train", script.name if image else str(script), *script_args]
+        env.update(PET_NPROC_PER_NODE="2", CONTAINER_ENTRY_MASTER_PORT=str(port))
+        if not image:
+            env["SAGEMAKER_BASE_DIR"] = str(base)
+        if launcher != "ours":  # another copy of container_entry: --before DIR
+            env["PYTHONPATH"] = str(BEFORE[launcher])
+    if not image:
+        return argv, {**clean_env(), **env}
+    docker = ["docker", "run", "--rm", "--network", "none", "-v", f"{base}:{IN_IMAGE}"]
+    docker += [f"--env={name}={value}" for name, value in env.items()]
+    return [*docker, "-w", str(IN_IMAGE / "code"), image, *argv], dict(os.environ)
+
+
+def run_once(launcher: str, lines: int, stream: str, steps: int, image: str | None = None) -> dict:
+    hf = stream == "hf"
     with tempfile.TemporaryDirectory(prefix="relay-bench-") as tmp:
         base = Path(tmp)
         make_tree(base)
-        workload = base / "code" / "relay_workload.py"
-        workload.write_text(WORKLOAD)
+        if hf:
+            (base / "code" / HF_SCRIPT.name).write_bytes(HF_SCRIPT.read_bytes())
+        else:
+            (base / "code" / "relay_workload.py").write_text(WORKLOAD)
         out = base / "result"
         out.mkdir()
-        port = free_port()
-        script_args = [
-            "--steps", str(steps), "--lines", str(lines), "--stream", stream, "--out", str(out)
-        ]  # fmt: skip
-        env = {**clean_env(), "OMP_NUM_THREADS": "1", **extra_env}
-        if launcher.startswith("torchrun"):
-            if launcher == "torchrun-u":  # the workers unbuffered, as ours runs them (-u)
-                env["PYTHONUNBUFFERED"] = "1"
-            argv = [
-                sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                "--master-port", str(port), str(workload), *script_args,
-            ]  # fmt: skip
-        else:
-            argv = [sys.executable, "-m", "container_entry", "train", str(workload), *script_args]
-            if launcher != "ours":  # another copy of container_entry: --before DIR
-                env["PYTHONPATH"] = os.pathsep.join(
-                    p for p in (str(BEFORE[launcher]), env.get("PYTHONPATH")) if p
-                )
-            env.update(
-                SAGEMAKER_BASE_DIR=str(base),
-                PET_NPROC_PER_NODE="2",
-                CONTAINER_ENTRY_MASTER_PORT=str(port),
-            )
+        result_dir = (IN_IMAGE if image else base) / "result"
+        script_args = (
+            ["--epochs", str(HF_EPOCHS)]
+            if hf
+            else [
+                *("--steps", str(steps), "--lines", str(lines), "--stream", stream),
+                *("--out", str(result_dir)),
+            ]
+        )
+        argv, env = command(launcher, base, script_args, free_port(), image, hf)
         started = time.monotonic()
         process = subprocess.Popen(
             argv, env=env, cwd=str(base / "code"), stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -256,19 +290,20 @@ def run_once(launcher: str, lines: int, stream: str, steps: int, extra_env: dict
     roles: dict[str, float] = {"wrapper": 0.0, "bootstrap": 0.0, "torchrun": 0.0, "script": 0.0}
     seen: set[str] = set()
     for rank in ranks:
-        for pid, item in rank["cpu"].items():
+        for pid, item in rank.get("cpu", {}).items():
             if pid not in seen:
                 seen.add(pid)
                 roles[role(item["cmd"])] += item["seconds"]
     return {
-        "steps_per_s": ranks[0]["steps_per_s"],
-        "lines": sum(r["lines"] for r in ranks),
+        "steps_per_s": ranks[0]["train_steps_per_second" if hf else "steps_per_s"],
+        "lines": sum(r.get("lines", 0) for r in ranks),
         "relay_cpu": roles["wrapper"] + roles["bootstrap"],
         "cpu": roles,
-        "job_cpu": usage.ru_utime + usage.ru_stime,
+        # the docker CLI's own CPU says nothing of the job's: only measured on this host
+        "job_cpu": None if image else usage.ru_utime + usage.ru_stime,
         "wall": wall,
         "lines_seen": drains[0].lines + drains[1].lines,
-        "processes": {pid: item for rank in ranks for pid, item in rank["cpu"].items()},
+        "processes": {pid: item for rank in ranks for pid, item in rank.get("cpu", {}).items()},
     }
 
 
@@ -278,8 +313,8 @@ def role(cmd: str) -> str:
         return "torchrun"
     if "-m container_entry.worker" in cmd:
         return "wrapper"
-    if "-m container_entry" in cmd:
-        return "bootstrap"
+    if "-m container_entry" in cmd or "container-entry" in cmd or cmd.startswith("train "):
+        return "bootstrap"  # on this host, or the image's console script
     return "script"
 
 
@@ -291,6 +326,8 @@ def spread(values: list[float], fmt: str = "{:.1f}") -> str:
 
 
 def label(lines: int, stream: str) -> str:
+    if stream == "hf":
+        return f"HF Trainer job (tiny BERT, {HF_EPOCHS} epochs, a log line per step)"
     return f"1, {stream}" if lines <= 1 else f"{1 + lines} (1 + {lines}), {stream}"
 
 
@@ -302,6 +339,11 @@ def ratios(cell: dict, name: str) -> list[float]:
 
 def per_million(runs: list[dict], key: str = "relay_cpu") -> list[float]:
     return [(r["cpu"][key] if key in r["cpu"] else r[key]) / r["lines"] * 1e6 for r in runs]
+
+
+def spread_or_dash(values: list[float | None], fmt: str = "{:.1f}") -> str:
+    """A spread where every round measured the figure; "-" where it is not taken."""
+    return "-" if not values or any(v is None for v in values) else spread(values, fmt)
 
 
 def render(results: dict, meta: dict) -> str:
@@ -351,6 +393,8 @@ def render(results: dict, meta: dict) -> str:
     cpu_rule += "---|---|"
     cpu_rows = [cpu_head, cpu_rule]
     for (lines, stream), cell in results.items():
+        if stream == "hf":  # its lines are the Trainer's own, not counted
+            continue
         row = f"| {label(lines, stream)} "
         names = ["ours", "before"] if before else ["ours"]
         for name in names:
@@ -360,15 +404,22 @@ def render(results: dict, meta: dict) -> str:
                 f"| {spread(per_million(cell[name], 'bootstrap'))} "
             )
         row += (
-            f"| {spread([r['job_cpu'] for r in cell['torchrun']])} "
-            f"| {spread([r['job_cpu'] for r in cell['ours']])} |"
+            f"| {spread_or_dash([r['job_cpu'] for r in cell['torchrun']])} "
+            f"| {spread_or_dash([r['job_cpu'] for r in cell['ours']])} |"
         )
         cpu_rows.append(row)
     return "\n".join(
         [
-            f"Generated by `make bench-relay` on {meta['when']}: {meta['cpus']} CPUs, Python "
-            f"{meta['python']}, torch {meta['torch']}; {meta['rounds']} alternated rounds of "
-            f"{meta['steps']} steps ({meta['steps'] - 100} timed after 100 warm-up steps), 2 "
+            f"Generated by `{meta.get('invocation', 'make bench-relay')}` on {meta['when']}: "
+            f"{meta['cpus']} CPUs, "
+            + (
+                f"in containers of the image `{meta['image']}` (both launchers), "
+                if meta.get("image")
+                else "on the host, "
+            )
+            + f"Python {meta['python']}, torch {meta['torch']}; {meta['rounds']} alternated "
+            f"rounds of {meta['steps']} steps ({meta['steps'] - 100} timed after 100 warm-up "
+            f"steps; the HF Trainer job: {HF_EPOCHS} epochs, its own steps/s), 2 "
             "workers, gloo, `OMP_NUM_THREADS=1`; each run started once the CPUs were at least "
             f"{meta['idle']:.0%} idle (median idle share before a run "
             f"{meta['idle_seen']:.0%}). Cells: median (min-max) over the rounds; a ratio is "
@@ -384,7 +435,8 @@ def render(results: dict, meta: dict) -> str:
             "",
             "CPU over the timed window, from /proc: *relay* is both ranks' wrappers plus the "
             "bootstrap (its monitor loop, and before this change its stderr pump); *whole job* "
-            "is every process of the run, start-up included (`wait4`).",
+            "is every process of the run, start-up included (`wait4`; not taken in containers, "
+            "where it would be the docker client's).",
             "",
             *cpu_rows,
         ]
@@ -393,10 +445,13 @@ def render(results: dict, meta: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--image", help="run both launchers in containers of this image")
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps", type=int, default=3000)
     parser.add_argument(
-        "--scenarios", default=",".join(f"{n}:{s}" for n, s in SCENARIOS), help="e.g. 20:stderr"
+        "--scenarios",
+        default=",".join(f"{n}:{s}" if s != "hf" else s for n, s in SCENARIOS),
+        help="e.g. 20:stderr,hf",
     )
     parser.add_argument(
         "--idle",
@@ -420,9 +475,11 @@ def main() -> int:
     parser.add_argument("--from-json", type=Path, help="render a previous run's results only")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args()
+    if args.image and args.before:
+        parser.error("--before runs another container_entry on this host: not with --image")
     if args.from_json:
         saved = json.loads(args.from_json.read_text())
-        results = {(int(k.split(":")[0]), k.split(":")[1]): v for k, v in saved["results"].items()}
+        results = {scenario(k): v for k, v in saved["results"].items()}
         meta = saved["meta"]
     else:
         results, meta = measure(args)
@@ -437,10 +494,37 @@ def main() -> int:
     return 0
 
 
-def measure(args: argparse.Namespace) -> tuple[dict, dict]:
-    import torch
+def invocation() -> str:
+    """How this run was started, as the page names it."""
+    if os.environ.get("MAKELEVEL"):
+        return "make bench" if "--image" in sys.argv else "make bench-relay"
+    return "python -m scripts.relay_benchmark " + " ".join(sys.argv[1:])
 
-    scenarios = [(int(n), s) for n, s in (item.split(":") for item in args.scenarios.split(","))]
+
+def versions(image: str | None) -> tuple[str, str]:
+    """Python and torch as the runs see them: this host's, or the image's."""
+    if not image:
+        import torch
+
+        return platform.python_version(), torch.__version__.split("+")[0]
+    probe = "import platform, torch; print(platform.python_version(), torch.__version__)"
+    said = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", image, "python3", "-c", probe],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return said[0], said[1].split("+")[0]
+
+
+def scenario(item: str) -> tuple[int, str]:
+    """ "20:stderr" -> (20, "stderr"); "hf" -> (0, "hf")."""
+    lines, _, stream = item.rpartition(":")
+    return int(lines or 0), stream
+
+
+def measure(args: argparse.Namespace) -> tuple[dict, dict]:
+    scenarios = [scenario(item) for item in args.scenarios.split(",")]
     launchers = ["torchrun", "ours"]
     if args.before:
         BEFORE["before"] = args.before.resolve()
@@ -456,25 +540,28 @@ def measure(args: argparse.Namespace) -> tuple[dict, dict]:
                 idle = wait_until_quiet(args.idle, 120) if args.idle else 1.0
                 idle_seen.append(idle)
                 try:
-                    result = run_once(name, lines, stream, args.steps, {})
+                    result = run_once(name, lines, stream, args.steps, args.image)
                 except RunFailed as error:  # once: a crash that is not the launcher's
                     print(f"{name} failed, running it again: {str(error)[-1000:]}", flush=True)
-                    result = run_once(name, lines, stream, args.steps, {})
+                    result = run_once(name, lines, stream, args.steps, args.image)
                 result["idle_before"] = idle
                 results[(lines, stream)][name].append(result)
                 print(
                     f"round {round_no + 1} {lines:>2} lines {stream:<6} {name:<8} "
                     f"{result['steps_per_s']:7.1f} steps/s  lines {result['lines_seen']}  cpu "
                     + " ".join(f"{k} {v:.2f}" for k, v in result["cpu"].items())
-                    + f" s  job {result['job_cpu']:.1f} s  wall {result['wall']:.1f} s  "
+                    + f" s  job {result['job_cpu'] or 0:.1f} s  wall {result['wall']:.1f} s  "
                     f"idle before {idle:.0%}",
                     flush=True,
                 )
+    python, torch_version = versions(args.image)
     meta = {
         "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "invocation": invocation(),
+        "image": args.image,
         "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__.split("+")[0],
+        "python": python,
+        "torch": torch_version,
         "rounds": args.rounds,
         "steps": args.steps,
         "idle": args.idle,

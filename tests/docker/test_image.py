@@ -40,6 +40,7 @@ def test_two_hosts_train_with_ddp_and_no_distribution_flag(image, train_data, tm
         environment={"PET_NPROC_PER_NODE": "2"},
         channels={"train": {"data.jsonl": train_data}},
         code={"hf_trainer_tiny.py": TRAINER.read_bytes()},
+        shm_size=None,  # docker's default 64 MiB, as a plain `docker run` gives
     )
     results = cluster.run(timeout=400)
     logs = "\n".join(f"--- {r.host}\n{r.logs[-3000:]}" for r in results)
@@ -66,6 +67,8 @@ def test_two_hosts_train_with_ddp_and_no_distribution_flag(image, train_data, tm
     assert list(algo2.iterdir()) == []
     for result in results:  # what the CPU preflight checks, in its own words
         assert "preflight: no GPU on this host; all_reduce across 2 hosts" in result.logs
+        # docker's default /dev/shm, checked by the preflight on every host
+        assert f"preflight warning on {result.host}: /dev/shm is 64 MiB" in result.logs
         # output/data is uploaded with the job: logs and records, no pid or empty stack files
         kept = sorted(
             str(p.relative_to(result.tree / "output/data"))

@@ -4,6 +4,7 @@ restarts the group on both containers and the example resumes from each host's c
 from __future__ import annotations
 
 import json
+import re
 import time
 
 from scripts.local_cluster import Cluster
@@ -62,3 +63,43 @@ def test_worker_killed_on_host_two_restarts_both_hosts_and_resumes(image, train_
         assert record["restart_count"] == (1 if rank >= 2 else 0)
         assert record["resumed_from_step"] >= 10  # continued, not restarted from zero
         assert record["global_step"] == 40
+
+
+PERMANENT = b"""import os
+print(f"attempt {os.environ.get('TORCHELASTIC_RESTART_COUNT')} on {os.environ['CURRENT_HOST']}")
+if os.environ["CURRENT_HOST"] == "algo-2":
+    import no_such_module  # noqa: F401  (a dependency missing from the image)
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+dist.barrier()
+"""
+
+
+def test_a_failure_a_restart_would_repeat_ends_both_hosts_without_restarting(image, tmp_path):
+    """MAX_RESTARTS=2 across two containers: a ModuleNotFoundError on algo-2 fails the job at
+    once (no restart would import the module) instead of burning both restarts."""
+    job = Cluster(
+        image=image,
+        root=tmp_path,
+        hosts=("algo-1", "algo-2"),
+        hyperparameters={"sagemaker_program": '"train.py"', "container_entry_max_restarts": "2"},
+        environment={"PET_NPROC_PER_NODE": "2"},
+        code={"train.py": PERMANENT},
+    )
+    started = time.monotonic()
+    results = job.run(timeout=300)
+    took = time.monotonic() - started
+    logs = "\n".join(f"--- {r.host}\n{r.logs[-3000:]}" for r in results)
+    assert [r.exit_code for r in results] == [1, 1], logs
+    algo1, algo2 = results
+    first = (algo2.tree / "output/failure").read_text().splitlines()[0]
+    assert re.fullmatch(
+        r"rank \d \(local \d\) on algo-2: exit code 1: ModuleNotFoundError: No module named "
+        r"'no_such_module' \(not restarted: a ModuleNotFoundError fails the same way on every "
+        r"restart\) \[first failure, seen on algo-2\]",
+        first,
+    ), first
+    assert "algo-2" in (algo1.tree / "output/failure").read_text().splitlines()[0]
+    assert "attempt 0 on algo-2" in algo2.logs and "attempt 1" not in algo1.logs + algo2.logs
+    print(f"docker: permanent failure with 2 restarts allowed -> both exited in {took:.1f} s")

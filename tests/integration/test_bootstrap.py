@@ -8,6 +8,8 @@ import os
 import subprocess
 import time
 
+import pytest
+
 from tests.integration.conftest import (
     PROBE,
     TRAINER,
@@ -123,13 +125,21 @@ def make_tree_stub(base):
     return MlTree(base)
 
 
-def test_torchrun_style_environment_only_two_nodes(tmp_path):
-    """Kubernetes-style: PET_* only, no SageMaker files; the script from the command line."""
+@pytest.mark.parametrize("script", ["absolute", "relative"])
+def test_torchrun_style_environment_only_two_nodes(tmp_path, script):
+    """Kubernetes-style: PET_* only, no SageMaker files; the script from the command line, by
+    its path or (`train ddp_probe.py` from /, the code in <base>/code) by its name."""
     processes = []
     for rank in (0, 1):
         base = tmp_path / f"node-{rank}"
+        tree = make_tree_stub(base)
+        argv = bootstrap_argv(str(PROBE))
+        if script == "relative":
+            (base / "code").mkdir()
+            (base / "code" / "ddp_probe.py").write_bytes(PROBE.read_bytes())
+            argv = bootstrap_argv("ddp_probe.py")
         env = bootstrap_env(
-            make_tree_stub(base),
+            tree,
             PET_NNODES="2",
             PET_NODE_RANK=str(rank),
             PET_MASTER_ADDR="127.0.0.1",
@@ -139,8 +149,9 @@ def test_torchrun_style_environment_only_two_nodes(tmp_path):
         )
         processes.append(
             subprocess.Popen(
-                bootstrap_argv(str(PROBE)),
+                argv,
                 env=env,
+                cwd="/",  # docker run's working directory
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,

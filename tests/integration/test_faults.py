@@ -313,8 +313,8 @@ def test_failure_on_one_host_ends_every_host_fast(tmp_path, hosts_file):
 def test_preflight_names_the_host_whose_device_count_is_wrong(tmp_path, hosts_file):
     """GPU mock (no GPU exists here): a fake `nvidia-smi` on algo-2 stands in for the tool on
     a 2-GPU host (it exits 0, so no driver files are needed), so the plan counts 2 while torch
-    sees none; the job must stop before the script starts, naming algo-2: in the preflight's
-    gpu-count check, or in the launcher's GPU check (preflight.check_visible_gpus) before it."""
+    sees none; the job must stop before the script starts, naming algo-2 and the versions, in
+    the preflight's gpu-count check."""
     fake = tmp_path / "fake-bin"
     fake.mkdir()
     (fake / "nvidia-smi").write_text(
@@ -341,9 +341,9 @@ def test_preflight_names_the_host_whose_device_count_is_wrong(tmp_path, hosts_fi
     for (returncode, out, err), tree in zip(results, trees, strict=True):
         assert returncode != 0, err[-2000:]
         line = first_line(tree)
-        by_preflight = line.startswith("preflight failed, the script did not start") and (
-            "preflight check 'gpu-count' failed on host algo-2" in line
-        )
-        by_launcher = "algo-2" in line and "sees 0 GPUs, but 2 GPUs were counted" in line
-        assert by_preflight or by_launcher, line
+        # the preflight checks it on every host (the launcher's own check is for jobs without
+        # one), with the versions the launcher's check would name
+        assert line.startswith("preflight failed, the script did not start"), line
+        assert "preflight check 'gpu-count' failed on host algo-2: torch " in line, line
+        assert "sees 0 GPUs, but 2 GPUs were counted; NVIDIA driver not found" in line, line
         assert "started rank" not in out  # the user's script never ran

@@ -181,3 +181,23 @@ def test_describe_probe():
     )
     assert line.startswith("torch 2.9.0 sees 4 GPUs (NVIDIA A10G), but 8 GPUs were counted")
     assert "NVIDIA driver not found" in line and "CUDA runtime 13.0" in line
+
+
+class _Statvfs:
+    """Stands in for os.statvfs of a /dev/shm of `size` bytes."""
+
+    def __init__(self, size: int) -> None:
+        self.f_frsize, self.f_blocks = 4096, size // 4096
+
+
+@pytest.mark.parametrize(("size", "warned"), [(64 << 20, True), (1 << 30, False), (8 << 30, False)])
+def test_the_preflight_warns_about_a_small_dev_shm(monkeypatch, size, warned):
+    from container_entry import preflight
+
+    monkeypatch.setattr(preflight.os, "statvfs", lambda path: _Statvfs(size))
+    line = preflight.shm_line("algo-2")
+    if not warned:
+        assert line is None
+    else:
+        assert line is not None and line.startswith("preflight warning on algo-2: /dev/shm is 64")
+        assert "--shm-size=1g or --ipc=host" in line
