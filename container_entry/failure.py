@@ -168,6 +168,8 @@ _PERMANENT_TYPES += ("ModuleNotFoundError", "ExecError")
 
 def permanent(record: RankRecord) -> str | None:
     """Why restarting would not help, or None."""
+    if record.stage == "preflight":
+        return "the preflight found a problem of the host, not of the script"
     kind = (record.exception or {}).get("type", "")
     if kind.rsplit(".", 1)[-1] in _PERMANENT_TYPES:
         return f"a {kind.rsplit('.', 1)[-1]} fails the same way on every restart"
@@ -321,6 +323,10 @@ def _torchrun_failed(run: Observed, host: str) -> tuple[int, str]:
     )
 
 
+def _preflight(record: RankRecord) -> str:
+    return "preflight failed, the script did not start: " if record.stage == "preflight" else ""
+
+
 def verdict(run: Observed, host: str, run_dir: Path) -> Verdict:
     """From what the supervisor saw to an exit code and a failure text."""
     logs = f"per-rank logs and records: {run_dir}"
@@ -334,7 +340,8 @@ def verdict(run: Observed, host: str, run_dir: Path) -> Verdict:
         first = run.first_failure
         return Verdict(
             container_exit_code(first.returncode),
-            f"{describe_rank(first, run.restarts > 0)} [first failure, seen on {host}]",
+            f"{_preflight(first)}{describe_rank(first, run.restarts > 0)} "
+            f"[first failure, seen on {host}]",
             details,
         )
     if run.lost_master is not None:
@@ -348,7 +355,8 @@ def verdict(run: Observed, host: str, run_dir: Path) -> Verdict:
         remote = run.remote_failure
         return Verdict(
             container_exit_code(remote.returncode or 1),
-            f"{describe_rank(remote)} [first failure; {host} stopped because of it]",
+            f"{_preflight(remote)}{describe_rank(remote)} [first failure; {host} stopped because "
+            "of it]",
             details,
         )
     if run.returncode:

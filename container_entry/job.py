@@ -18,7 +18,7 @@ from container_entry.errors import (
     DeviceError,
     NetworkError,
 )
-from container_entry.failure import INTERNAL_EXIT_CODE, Observed, Outcome, verdict
+from container_entry.failure import Observed, Outcome, verdict
 from container_entry.launch import Supervisor
 from container_entry.logs import log, register_secrets
 from container_entry.plan import Plan, build_plan, run_dir
@@ -125,7 +125,7 @@ class Job:
             directory.mkdir(parents=True, exist_ok=True)
         # before 8 ranks each fail alone: does torch see what was counted? (The preflight, when
         # it runs, checks the same on every host: no second Python start for it here.)
-        if plan.num_gpus and not plan.preflight_argv:
+        if plan.num_gpus and not plan.preflight:
             env = {**{k: v.value for k, v in plan.env.items()}, **self.environ}
             problem = check_visible_gpus(plan.argv[0], plan.num_gpus, env)
             if problem:
@@ -142,11 +142,10 @@ class Job:
         supervisor.monitor(supervisor.launch())
         return supervisor.observed
 
-    def preflight(self) -> Observed | None:
-        """The cluster check, launched like the job itself; None when it is off."""
+    def announce_preflight(self) -> None:
         plan = self.plan
-        if not plan.preflight_argv:
-            return None
+        if not plan.preflight:
+            return
         hosts = len(plan.topology.hosts)
         checks = (
             f"{plan.num_gpus} GPUs (count, matmul against the CPU)"
@@ -154,34 +153,12 @@ class Job:
             else "no GPU on this host"
         )
         log(f"preflight: {checks}; all_reduce across {hosts} host{'s' * (hosts > 1)}")
-        supervisor = Supervisor(
-            plan,
-            self.environ,
-            self.run_dir / "preflight",
-            self.member,
-            self.stop,
-            argv=plan.preflight_argv,
-            command=plan.preflight_command,
-        )
-        return self._supervise(supervisor)
 
     def execute(self, outcome: Outcome) -> int:
         self.join()
         self.prepare()
         plan = self.plan
-        checked = self.preflight()
-        if checked is not None:
-            result = verdict(checked, plan.topology.current_host, self.run_dir / "preflight")
-            if result.exit_code != 0:
-                reason = (
-                    result.reason  # our defect (torchrun rejected our argv), not the preflight's
-                    if result.exit_code == INTERNAL_EXIT_CODE
-                    else f"preflight failed, the script did not start: {result.reason}"
-                )
-                log(f"failed: {reason}")
-                self.post_failure(reason, result.exit_code)
-                outcome.failure(reason, result.details)
-                return result.exit_code
+        self.announce_preflight()
         run = self._supervise(Supervisor(plan, self.environ, self.run_dir, self.member, self.stop))
         result = verdict(run, plan.topology.current_host, self.run_dir)
         if result.exit_code == 0:

@@ -65,9 +65,25 @@ def control_dir(name: str) -> Path:
 
 
 TORCHRUN_EXIT_SECONDS = 10.0  # after the ranks are gone, for torchrun to finish
-# A stop that freezes torchrun while it starts its workers: a worker it already started appears
-# (its pid file) within this time and gets the stop too, before torchrun is let go.
-WORKER_APPEAR_SECONDS = 2.0
+
+
+def children(pid: int) -> list[int]:
+    """The live (not yet exited) child processes of `pid`, from /proc. torchrun starts each
+    worker wrapper in a session of its own, so each child is its worker's process group."""
+    found: list[int] = []
+    for tasks in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError, ValueError):
+            found += [int(child) for child in tasks.read_text().split()]
+    return [child for child in found if not _exited(child)]
+
+
+def _exited(pid: int) -> bool:
+    """Gone, or a zombie its frozen parent has not reaped."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
 
 
 def child_environment(plan: Plan, environ: Mapping[str, str], control: Path) -> dict[str, str]:
@@ -236,29 +252,22 @@ class Supervisor:
         run_dir: Path,
         member: Member | None,
         stop: Stop,
-        *,
-        argv: Sequence[str] | None = None,
-        command: Sequence[str] | None = None,
     ) -> None:
         self.plan = plan
         self.environ = environ
         self.run_dir = run_dir
         self.member = member
         self.stop = stop
-        self.argv = list(argv or plan.argv)
-        self.command = list(command or plan.command)
         self.settings = plan.settings
         # with restarts torchrun retries a failed group itself: only its final exit is a failure
-        self.restarts = plan.max_restarts if argv is None else 0
+        self.restarts = plan.max_restarts
         self.observed = Observed(torch_version=plan.torch_version, restarts=self.restarts)
-        self.control = control_dir("preflight" if argv is not None else "job")
+        self.control = control_dir("job")
         self.workers = Workers(self.control)
-        self.signalled: set[int] = set()  # worker groups the bootstrap stopped itself
+        self.signalled: set[int] = set()  # worker groups (wrapper pids) the bootstrap stopped
         self.frozen = False  # torchrun held with SIGSTOP while the bootstrap delivers a stop
-        self.frozen_at = 0.0
         self.output = TorchrunOutput(f"[{plan.topology.current_host} rank ".encode())
-        # the hang watchdog watches the job itself, not the preflight (which has its deadline)
-        self.hang_timeout = self.settings.hang_timeout if argv is None else 0.0
+        self.hang_timeout = self.settings.hang_timeout
         self.activity: Activity | None = None
 
     def effective(self, name: str) -> str | None:
@@ -271,7 +280,8 @@ class Supervisor:
         """The script's command line goes to a private file, never through torchrun's parser."""
         prepare_run_dir(self.run_dir)
         job = {
-            "argv": self.command,
+            "argv": list(self.plan.command),
+            "preflight": list(self.plan.preflight),  # run first in each rank's slot
             "run_dir": str(self.run_dir),
             "console_ranks": self.settings.console_ranks,
             "secrets": list(self.plan.secrets),
@@ -286,7 +296,7 @@ class Supervisor:
             if self.member:  # several hosts: the master decides, from every host's idle time
                 self.member.idle = self.activity.idle
         return subprocess.Popen(
-            self.argv,
+            self.plan.argv,
             env=child_environment(self.plan, self.environ, self.control),
             cwd=self.plan.code.code_dir,
             stderr=subprocess.PIPE,
@@ -373,16 +383,19 @@ class Supervisor:
         process.kill()
 
     def _deliver_stop(self, process: subprocess.Popen, now: float, deadline: float) -> float:
-        """The bootstrap's own stop delivery (torchrun frozen): signal worker groups as they
-        appear; once every started rank has ended, or the grace is over, release torchrun."""
+        """The bootstrap's own stop delivery (torchrun frozen, so it starts no worker and its set
+        of workers is final): every worker group gets the signal at once, a wrapper that had not
+        started its script yet never starts it; once every worker has exited, or the grace is
+        over, release torchrun."""
         self.observed.launched |= set(self.workers.refresh())
-        pending = [rank for rank in self.observed.launched if rank not in self.signalled]
-        if pending:
-            self.workers.signal(signal.Signals[self.observed.stop_signal or "SIGTERM"], pending)
-            self.signalled.update(pending)
-        ended = set(self.observed.launched) <= set(self.observed.results)
-        if ended and len(self.observed.launched) < self.plan.workers:  # some may still appear
-            ended = now - self.frozen_at >= WORKER_APPEAR_SECONDS
+        sig = signal.Signals[self.observed.stop_signal or "SIGTERM"]
+        running = children(process.pid)
+        for wrapper in running:
+            if wrapper not in self.signalled:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(wrapper, sig)
+                self.signalled.add(wrapper)
+        ended = not running
         if not ended and now < deadline:
             return deadline
         if not ended:
@@ -390,6 +403,9 @@ class Supervisor:
             self.workers.capture_stacks()
             self.observed.forced_kill = True
             self.workers.signal(signal.SIGKILL)
+            for wrapper in running:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(wrapper, signal.SIGKILL)
         self.frozen = False
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)  # pending until it runs again: handled first
@@ -409,7 +425,7 @@ class Supervisor:
                 process.send_signal(signal.Signals[self.stop.signal])
                 return now + grace + 5
             os.kill(process.pid, signal.SIGSTOP)
-            self.frozen, self.frozen_at = True, now
+            self.frozen = True
             return self._deliver_stop(process, now, now + grace)
         grace = self.settings.failure_grace_period
         if self.observed.first_failure:

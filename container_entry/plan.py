@@ -75,7 +75,7 @@ class Plan:
     user_env_kept: tuple[str, ...]  # variables we would have set but the user already had
     settings: Settings
     max_restarts: int = 0  # what torchrun will use (PET_MAX_RESTARTS wins)
-    preflight_argv: tuple[str, ...] = ()  # empty: no preflight
+    preflight: tuple[str, ...] = ()  # what each rank runs before the script; empty: none
     problems: tuple[str, ...] = ()  # why this plan cannot run; empty: it can
     gpu_problem: bool = False  # one of them is this host's GPUs (exit 4, DeviceError)
     secrets: tuple[str, ...] = field(default=(), repr=False)  # values masked in all output
@@ -109,10 +109,6 @@ class Plan:
     def coordination_port(self) -> int:
         """The bootstraps' own side channel on the master host."""
         return self.master_port + 1
-
-    @property
-    def preflight_command(self) -> tuple[str, ...]:
-        return (PREFLIGHT_SCRIPT,)
 
     def masker(self) -> Masker:
         return Masker(self.secrets)
@@ -323,11 +319,6 @@ def build_plan(env: Environment) -> Plan:
     flags, pet_kept = torchrun.flags(env.environ, {**size, **rendezvous, **stop})
     argv = torchrun.command(env.python, flags)
     preflight = knobs.preflight == "true" or (knobs.preflight == "auto" and len(topology.hosts) > 1)
-    preflight_argv: tuple[str, ...] = ()
-    if preflight:  # one attempt: static rendezvous, no restarts
-        static = torchrun.rendezvous_flags(topology, master_addr, master_port, 0, job_name)
-        preflight_flags, _ = torchrun.flags(env.environ, {**size, **static, **stop})
-        preflight_argv = torchrun.command(env.python, preflight_flags)
 
     wanted: dict[str, EnvVar] = {}
     sm = contract.sm_env(
@@ -421,7 +412,7 @@ def build_plan(env: Environment) -> Plan:
         user_env_kept=tuple(kept),
         settings=knobs,
         max_restarts=restarts,
-        preflight_argv=preflight_argv,
+        preflight=(PREFLIGHT_SCRIPT,) if preflight else (),
         problems=tuple(problems),
         gpu_problem=bool(gpu.problems),
         secrets=tuple(secret_values(secret_pairs)),

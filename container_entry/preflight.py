@@ -1,8 +1,10 @@
 """Preflight: a short torchrun pass before the user's script that finds a broken node first,
 and `check_visible_gpus`, the bootstrap's cheap check that torch sees the GPUs it counted.
 
-The pass runs on every rank (the worker wrapper starts this file as a script, in the job's own
-Python: stdlib and torch only), with the job's topology, through these stages:
+The pass runs on every rank inside the job's own torchrun launch: each rank's worker wrapper
+starts this file as a script (in the job's own Python: stdlib, torch and container_entry.hang)
+before the user's script, which starts only once it passed, so the check costs one Python start,
+not a second torchrun launch. Its stages:
 
   connect     reach the job's TCPStore (every rank reports its stage there)
   gpu-count   the GPUs torch sees match what the plan counted
@@ -36,6 +38,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from container_entry.hang import report_progress
+
 EXPECTED_GPUS_ENV = "_CONTAINER_ENTRY_EXPECTED_GPUS"
 DEADLINE_ENV = "_CONTAINER_ENTRY_PREFLIGHT_DEADLINE"  # seconds; DEFAULT_DEADLINE otherwise
 # Fault injection for the tests only: "RANK:STAGE" makes that rank hang at that stage.
@@ -44,16 +48,25 @@ DEFAULT_DEADLINE = 300.0
 GRACE = 15.0  # ranks that already joined wait this much longer before reporting
 STAGES = ("connect", "gpu-count", "gpu-matmul", "join", "all-reduce", "bandwidth", "done")
 SHM_MIN_BYTES = 1 << 30  # as container_entry.worker_defaults.SHM_MIN_BYTES (docs/gpu.md)
-STAGE_KEY = "container-entry/preflight/stage/"
+STAGE_KEY = "stage/"  # under the preflight's own store prefix
 GPU_CHECK_TIMEOUT = 120.0
 
 
+# The exit code of a failed check, as the bootstrap's own exit codes mean (README): 4 this host's
+# GPUs are not usable as counted, 3 a peer never joined; any other check 1.
+EXIT_CODES = {"gpu-count": 4, "gpu-matmul": 4, "deadline": 3}
+
+
 class PreflightError(RuntimeError):
-    pass
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def _fail(check: str, host: str, detail: str) -> PreflightError:
-    return PreflightError(f"preflight check '{check}' failed on host {host}: {detail}")
+    return PreflightError(
+        f"preflight check '{check}' failed on host {host}: {detail}", EXIT_CODES.get(check, 1)
+    )
 
 
 # ----------------------------------------------------------------- pure parts (unit-tested)
@@ -330,13 +343,14 @@ class Progress:
                     return
                 if left <= 0:
                     break
+                report_progress()  # under its own deadline: no hang for HANG_TIMEOUT
                 time.sleep(min(left, 1.0))
             try:
                 raise PreflightError(self.report())
             except PreflightError:
                 traceback.print_exc()
             sys.stderr.flush()
-            exit(1)
+            exit(EXIT_CODES["deadline"])
 
         thread = threading.Thread(target=run, name="preflight-deadline", daemon=True)
         thread.start()
@@ -385,6 +399,10 @@ def main() -> None:
             "env://", rank, world, timeout=datetime.timedelta(seconds=progress.timeout())
         )
     )
+    # The script that runs next in the same slot keys its own process group "default_pg/0/..."
+    # in this same store (torchrun's): under a prefix of its own the preflight's group leaves it
+    # no stale peer address.
+    store = dist.PrefixStore("container-entry/preflight/", store)
     progress.store = store
     progress.enter("connect")
 
@@ -487,4 +505,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except PreflightError as error:  # the traceback names the check; the code says its kind
+        traceback.print_exc()
+        sys.exit(error.exit_code)

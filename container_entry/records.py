@@ -33,6 +33,7 @@ class RankRecord:
     stderr_tail: list[str] = field(default_factory=list)
     log: str | None = None
     what: str | None = None  # a failure that is no rank's: what happened, in words
+    stage: str | None = None  # "preflight": the preflight failed, the script never started
 
     @property
     def failed(self) -> bool:

@@ -355,6 +355,10 @@ def _exec_failure(script: str, error: OSError) -> tuple[int, dict[str, str]]:
     return code, {"type": "ExecError", "message": f"cannot execute {script}: {reason}"}
 
 
+# in the control folder (one per job and host): a rank of this host passed / failed the preflight
+PREFLIGHT_PASSED, PREFLIGHT_FAILED = "preflight-passed", "preflight-failed"
+
+
 def main(argv: list[str]) -> int:
     control = Path(os.environ.get(CONTROL_ENV) or ".")
     try:
@@ -397,27 +401,59 @@ def main(argv: list[str]) -> int:
     console = shown(rank, str(job.get("console_ranks", "all")))
     prefix = f"[{host} rank {rank}] ".encode()
     err = console_stderr(job.get("console_stderr"))
-    relays = [
-        Relay(1 if console else None, log, prefix, masker, False, atomic_size(1)),
-        Relay(err if console else None, log, prefix, masker, True, atomic_size(err)),
-    ]
-    exception = None
-    try:
-        child = subprocess.Popen(
-            program, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=os.getcwd()
-        )
-    except OSError as error:
-        status, exception = _exec_failure(script, error)
-        write_all(log, (exception["message"] + "\n").encode())
-        write_all(err, prefix + exception["message"].encode() + b"\n")
-    else:
+    restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+
+    def run(argv: list[str], name: str) -> tuple[int, dict[str, str] | None, list[Relay]]:
+        """One child in this rank's slot, its output relayed: (status, exec failure, relays).
+        A stop that came first means no child at all; one that came while it was being started
+        (before it could be in this process group) is passed on to it."""
+        relays = [
+            Relay(1 if console else None, log, prefix, masker, False, atomic_size(1)),
+            Relay(err if console else None, log, prefix, masker, True, atomic_size(err)),
+        ]
+        if stop:
+            return 128 + signal.Signals[stop["signal"]], None, relays
+        try:
+            child = subprocess.Popen(
+                argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=os.getcwd()
+            )
+        except OSError as error:
+            code, failure = _exec_failure(name, error)
+            write_all(log, (failure["message"] + "\n").encode())
+            write_all(err, prefix + failure["message"].encode() + b"\n")
+            return code, failure, relays
+        if stop:  # it arrived during the start: this child may not have had it
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.Signals[stop["signal"]])
         write_json(
             control / f"rank-{rank}.pid",
             {"rank": rank, "wrapper": os.getpid(), "child": child.pid, "host": host},
         )
         assert child.stdout is not None and child.stderr is not None
         streams = [child.stdout.fileno(), child.stderr.fileno()]
-        status = relay(child, list(zip(streams, relays, strict=True)))
+        return relay(child, list(zip(streams, relays, strict=True))), None, relays
+
+    # The preflight runs first in this same slot, so the job needs one torchrun launch, not two;
+    # only if it passes does the script start. Once per job on each host: restarts
+    # skip it, known from a marker, not from TORCHELASTIC_RESTART_COUNT: a host whose workers
+    # did not fail themselves rejoins the new round at torchrun's count 0. A failed
+    # preflight ends the job (failure.permanent), but torchrun with restarts may start the group
+    # again before the bootstrap tears it down: that attempt runs nothing and leaves the first
+    # attempt's record as it is.
+    stage = None
+    status, exception, relays = 0, None, []
+    preflight = job.get("preflight")
+    if preflight and (control / PREFLIGHT_FAILED).exists():
+        os.close(log)
+        return 1
+    if preflight and not (control / PREFLIGHT_PASSED).exists():
+        status, exception, relays = run([sys.executable, "-u", *preflight], preflight[0])
+        if status:
+            stage = "preflight"
+        with contextlib.suppress(OSError):
+            (control / (PREFLIGHT_FAILED if status else PREFLIGHT_PASSED)).touch()
+    if not status:  # (not started either when a stop came while the preflight ran)
+        status, exception, relays = run(program, script)
     os.close(log)
 
     lines = relays[1].tail_lines()
@@ -425,8 +461,9 @@ def main(argv: list[str]) -> int:
         host=host,
         rank=rank,
         local_rank=local_rank,
+        stage=stage,
         # torchrun's count on this host; a failure with restarts > 0 used them all up
-        restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0),
+        restart_count=restart_count,
         returncode=status,
         signal=signal.Signals(-status).name if status < 0 else None,
         exception=exception or parse_exception(lines),

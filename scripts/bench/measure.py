@@ -167,6 +167,8 @@ def run_end(variant: str, config: Config, root: Path) -> Run:
         ends = observe.json_files(cluster, "bench-end-rank-*.json")
         if len(ends) == config.world and all(code == 0 for code in run.end_exit):
             run.end_s = max(exit_seconds(results, max(e["t"] for e in ends)).values())
+            if variant.startswith("ours"):
+                _take_end_parts(run, cluster, results, ends)
         else:
             run.error = f"the job did not end cleanly: {run.end_exit}\n" + observe.tail(cluster)
     except Exception as error:
@@ -174,6 +176,33 @@ def run_end(variant: str, config: Config, root: Path) -> Run:
     finally:
         observe.cleanup(cluster)
     return run
+
+
+FINISHED = "[container-entry] training finished"
+
+
+def _take_end_parts(
+    run: Run, cluster: Cluster, results: list[HostResult], ends: list[dict]
+) -> None:
+    """Where the end of a job goes, slowest host per part: the script's own exit (Python's
+    teardown, the process group's), then torchrun noticing and leaving (its exit barrier) and
+    the bootstrap's verdict, then the side channel's end (the master waits for every host)."""
+    last = {e["rank"]: e["t"] for e in ends}
+    exited, verdicts, finished = [], [], []
+    for result, (_, container) in zip(results, cluster.containers, strict=True):
+        records = sorted(
+            (cluster.tree(result.host) / "output/data/container-entry").glob("rank-*.json")
+        )
+        ended = {r["rank"]: r["ended_at"] for r in map(json.loads, map(Path.read_text, records))}
+        exited += [ended[rank] - last[rank] for rank in ended if rank in last]
+        lines = container.logs(timestamps=True).decode(errors="replace").splitlines()
+        said = [observe.docker_time(x.split(" ", 1)[0]) for x in lines if FINISHED in x]
+        if ended and said and result.finished_at:
+            verdicts.append(said[-1] - max(ended.values()))
+            finished.append(observe.docker_time(result.finished_at) - said[-1])
+    if exited and verdicts:
+        run.end_rank_exit_s, run.end_verdict_s = max(exited), max(verdicts)
+        run.end_finish_s = max(finished)
 
 
 SCENARIOS: dict[str, Callable[[str, Config, Path], Run]] = {

@@ -47,6 +47,7 @@ class Row:
     met: Goal | None  # None: no goal
     scenario: str  # the runs that should have taken the figure
     missing: str  # what a run without it is called
+    ours_only: bool = False  # taken from our own records: "-" for the other launchers
 
 
 def rows(results: Results) -> list[Row]:
@@ -65,6 +66,12 @@ def rows(results: Results) -> list[Row]:
         Row("the script's last statement on every rank → every container exited (s)", "end_s",
             1, 1, "≤ 15 s (every run), as a failure", every_run_under(15), "end",
             "did not end cleanly"),
+        Row("... of it: last statement → the rank's process exited (s)", "end_rank_exit_s", 1,
+            2, "-", None, "end", "not taken", ours_only=True),
+        Row("... of it: the host's last rank exited → `training finished` (s)",
+            "end_verdict_s", 1, 2, "-", None, "end", "not taken", ours_only=True),
+        Row("... of it: `training finished` → the container exited (s)", "end_finish_s", 1, 2,
+            "-", None, "end", "not taken", ours_only=True),
         Row("`docker stop` → every rank signalled (ms)", "sigterm_s", 1000, 0,
             "≤ 1 s (every run)", every_run_under(1.0), "job", stop),
         Row("`docker stop` → every container exited (s)", "stop_all_exited_s", 1, 1,
@@ -102,6 +109,9 @@ def figure_row(row: Row, runs: list[Run], variants: list[str]) -> str:
     xs = {v: values(runs, v, row.figure) for v in VARIANTS}
     shown = []
     for v in variants:
+        if row.ours_only and not v.startswith("ours"):
+            shown.append("-")
+            continue
         text = cell(xs[v], row.scale, row.digits)
         expected = sum(1 for r in runs if r.variant == v and r.scenario == row.scenario)
         if missing := expected - len(xs[v]):

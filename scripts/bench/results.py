@@ -65,6 +65,10 @@ class Run:
     # scenario "end": the script ends by itself after its ticks
     end_exit: list[int] = field(default_factory=list)
     end_s: float | None = None  # every rank's last statement -> every container exited
+    # ... where that goes (ours only, from the rank records and docker's line timestamps):
+    end_rank_exit_s: float | None = None  # last statement -> the rank's process exited
+    end_verdict_s: float | None = None  # the host's last rank exited -> "training finished"
+    end_finish_s: float | None = None  # "training finished" -> the container exited
 
     def figure(self, name: str) -> float | None:
         value = getattr(self, name)

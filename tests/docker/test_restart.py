@@ -53,14 +53,18 @@ def test_worker_killed_on_host_two_restarts_both_hosts_and_resumes(image, train_
     assert "attempt 1: resuming from" in results[1].logs, logs
     for result in results:
         assert (result.tree / "output" / "success").exists()
+        # preflight on (2 hosts), once per host: the restarted group did not run it again
+        assert result.logs.count(f"preflight ok on {result.host}:") == 1, result.logs[-3000:]
         for path in (result.tree / "output" / "data").glob("resume-rank-*.json"):
             record = json.loads(path.read_text())
             resumed[record["rank"]] = record
     assert sorted(resumed) == [0, 1, 2, 3], resumed
     for rank, record in resumed.items():
-        # torchrun counts the restart on the host whose worker failed; algo-1's agent only
-        # re-joins the new rendezvous round (a membership change, not a restart of its own)
-        assert record["restart_count"] == (1 if rank >= 2 else 0)
+        # torchrun counts the restart on the host whose worker failed; algo-1's agent either
+        # re-joins the new rendezvous round (a membership change, count 0) or, when its own
+        # workers failed first (a collective with the dead rank), counts one as well: both
+        # were seen here. Either way the preflight ran once per host (its marker, not the count).
+        assert record["restart_count"] in ((1,) if rank >= 2 else (0, 1)), record
         assert record["resumed_from_step"] >= 10  # continued, not restarted from zero
         assert record["global_step"] == 40
 

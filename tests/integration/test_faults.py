@@ -9,6 +9,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -310,11 +311,104 @@ def test_failure_on_one_host_ends_every_host_fast(tmp_path, hosts_file):
         assert not any(alive(pid) for pid in worker_pids(tree))
 
 
-def test_preflight_names_the_host_whose_device_count_is_wrong(tmp_path, hosts_file):
+@pytest.mark.parametrize(
+    ("restart_count", "marker", "preflight_exit", "runs_preflight", "runs_script", "exit_code"),
+    [
+        (0, None, 0, True, True, 0),  # first attempt: preflight, then the script
+        (0, None, 4, True, False, 4),  # preflight fails: the script never starts
+        (1, "preflight-passed", 0, False, True, 0),  # the restart on the failed rank's host
+        # a host that only rejoined the new round: torchrun's count stays 0 there
+        (0, "preflight-passed", 0, False, True, 0),
+        (1, "preflight-failed", 0, False, False, 1),  # after a failed one: nothing at all
+        (0, "preflight-failed", 0, False, False, 1),
+    ],
+)
+def test_the_worker_wrapper_runs_the_script_only_after_a_passed_preflight(
+    tmp_path, restart_count, marker, preflight_exit, runs_preflight, runs_script, exit_code
+):
+    """The real wrapper (`python -m container_entry.worker`) in one rank's slot, as torchrun
+    starts it, for every combination of attempt and earlier preflight outcome on this host."""
+    control, run_dir = tmp_path / "control", tmp_path / "run"
+    control.mkdir()
+    ran = tmp_path / "ran"
+    ran.mkdir()
+    check = tmp_path / "check.py"
+    check.write_text(
+        f"import pathlib, sys\npathlib.Path({str(ran / 'preflight')!r}).touch()\n"
+        f"sys.exit({preflight_exit})\n"
+    )
+    script = tmp_path / "train.py"
+    script.write_text(f"import pathlib\npathlib.Path({str(ran / 'script')!r}).touch()\n")
+    (control / "command.json").write_text(
+        json.dumps({"argv": [str(script)], "preflight": [str(check)], "run_dir": str(run_dir)})
+    )
+    if marker:
+        (control / marker).touch()
+    env = {
+        **os.environ,
+        "_CONTAINER_ENTRY_CONTROL": str(control),
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "container_entry.worker"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == exit_code, done.stderr
+    assert (ran / "preflight").exists() == runs_preflight
+    assert (ran / "script").exists() == runs_script
+    record = run_dir / "rank-0.json"
+    # a refused restart leaves the first attempt's record
+    assert record.exists() != (marker == "preflight-failed")
+    if record.exists():
+        stage = json.loads(record.read_text())["stage"]
+        assert stage == ("preflight" if preflight_exit else None)
+    failed = marker == "preflight-failed" or preflight_exit != 0
+    assert (control / "preflight-failed").exists() == failed
+    assert (control / "preflight-passed").exists() == (not failed)
+
+
+def test_a_failed_preflight_never_starts_the_script_on_a_restart(tmp_path):
+    """GPU mock (a fake `nvidia-smi` counting 2 GPUs torch cannot see). One host, preflight
+    forced on and many restarts: torchrun restarts a one-host group fastest, so this is where a
+    restarted attempt would most likely get to run the script before the bootstrap ends the job.
+    The preflight failure is permanent: one verdict, the script never started."""
+    fake = tmp_path / "fake-bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text(
+        "#!/bin/sh\necho 'GPU 0: Fake GPU (UUID: GPU-0)'\necho 'GPU 1: Fake GPU (UUID: GPU-1)'\n"
+    )
+    (fake / "nvidia-smi").chmod(0o755)
+    tree = make_tree(tmp_path, script=FAULT)
+    process = start(
+        tree,
+        {"steps": "3", "container_entry_max_restarts": "50", "container_entry_preflight": "true"},
+        PATH=f"{fake}:{os.environ['PATH']}",
+    )
+    returncode, out, err = finish(process, timeout=180)
+    assert returncode == 4, err[-2000:]  # a device problem
+    line = first_line(tree)
+    assert line.startswith("preflight failed, the script did not start"), line
+    assert "(not restarted: the preflight found a problem of the host" in line, line
+    logs = sorted((tree.output / "data" / "container-entry").glob("logs/rank-*.log"))
+    assert len(logs) == 2, logs
+    for log in logs:
+        assert "started rank" not in log.read_text(), log
+    assert "started rank" not in out
+
+
+@pytest.mark.parametrize("restarts", [0, 2])
+def test_preflight_names_the_host_whose_device_count_is_wrong(tmp_path, hosts_file, restarts):
     """GPU mock (no GPU exists here): a fake `nvidia-smi` on algo-2 stands in for the tool on
     a 2-GPU host (it exits 0, so no driver files are needed), so the plan counts 2 while torch
     sees none; the job must stop before the script starts, naming algo-2 and the versions, in
-    the preflight's gpu-count check."""
+    the preflight's gpu-count check. With restarts allowed, torchrun may start the group again
+    before the bootstrap ends the job: that attempt must not start the script either."""
     fake = tmp_path / "fake-bin"
     fake.mkdir()
     (fake / "nvidia-smi").write_text(
@@ -331,15 +425,15 @@ def test_preflight_names_the_host_whose_device_count_is_wrong(tmp_path, hosts_fi
         processes.append(
             start(
                 tree,
-                {"steps": "3"},
-                CONTAINER_ENTRY_MASTER_PORT="29661",
+                {"steps": "3", "container_entry_max_restarts": str(restarts)},
+                CONTAINER_ENTRY_MASTER_PORT=str(29661 + 4 * restarts),
                 argv_wrap=lambda a: with_hosts_file(a, hosts_file),
                 **extra,
             )
         )
     results = [finish(p, timeout=180) for p in processes]
     for (returncode, out, err), tree in zip(results, trees, strict=True):
-        assert returncode != 0, err[-2000:]
+        assert returncode == 4, err[-2000:]  # this (or the other) host's GPUs, as counted
         line = first_line(tree)
         # the preflight checks it on every host (the launcher's own check is for jobs without
         # one), with the versions the launcher's check would name
@@ -347,3 +441,7 @@ def test_preflight_names_the_host_whose_device_count_is_wrong(tmp_path, hosts_fi
         assert "preflight check 'gpu-count' failed on host algo-2: torch " in line, line
         assert "sees 0 GPUs, but 2 GPUs were counted; NVIDIA driver not found" in line, line
         assert "started rank" not in out  # the user's script never ran
+        logs = sorted((tree.output / "data" / "container-entry").glob("logs/rank-*.log"))
+        assert logs  # the preflight's own output is there
+        for log in logs:
+            assert "started rank" not in log.read_text(), log

@@ -1,7 +1,9 @@
 import json
+from pathlib import Path
 
 import pytest
 
+from container_entry import preflight
 from container_entry.errors import ConfigError
 from container_entry.plan import build_plan
 from tests.unit.conftest import NVIDIA_SMI_4, make_env
@@ -74,10 +76,6 @@ def test_restarts_switch_to_c10d_rendezvous_with_a_fresh_store_per_attempt(curre
     assert flag(plan.argv, "--local-addr") == current
     assert "--node-rank" not in plan.argv and "--master-addr" not in plan.argv
     assert plan.env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"].value == "1"
-    # the preflight is a single attempt: static rendezvous, no restarts
-    assert flag(plan.preflight_argv, "--max-restarts") == "0"
-    assert flag(plan.preflight_argv, "--master-addr") == "algo-1"
-    assert "--rdzv-backend" not in plan.preflight_argv
 
 
 def test_restarts_on_one_host_rendezvous_on_loopback():
@@ -322,11 +320,11 @@ def test_preflight_is_on_by_default_for_multi_host_jobs_only(knob, hosts, on):
         environ={"SAGEMAKER_PROGRAM": "t.py", "CONTAINER_ENTRY_PREFLIGHT": knob},
     )
     plan = build_plan(env)
-    assert bool(plan.preflight_argv) is on
+    # in the job's own launch: each rank's slot runs it before the script
+    assert bool(plan.preflight) is on
     if on:
-        assert plan.preflight_argv[-2:] == ("-m", "container_entry.worker")
-        assert plan.preflight_command[0].endswith("container_entry/preflight.py")
-        assert flag(plan.preflight_argv, "--nnodes") == str(hosts)
+        assert plan.preflight == (str(Path(preflight.__file__).resolve()),)
+    assert plan.argv[-2:] == ("-m", "container_entry.worker")
 
 
 def test_hosts_sharing_one_machine_divide_its_cores():

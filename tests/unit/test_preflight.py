@@ -77,7 +77,7 @@ def test_watchdog_reports_from_the_store_and_exits(capsys, monkeypatch):
     progress.store, progress.world, progress.stage = store, 2, "join"
     codes = []
     progress.watch(exit=codes.append).join(timeout=5)
-    assert codes == [1]
+    assert codes == [3]  # a peer never joined (README exit codes)
     err = capsys.readouterr().err
     assert "Traceback (most recent call last):" in err  # the worker parses it as the exception
     assert "PreflightError: preflight check 'deadline' failed on host ?: no progress within" in err
