@@ -2,9 +2,10 @@
 and `check_visible_gpus`, the bootstrap's cheap check that torch sees the GPUs it counted.
 
 The pass runs on every rank inside the job's own torchrun launch: each rank's worker wrapper
-starts this file as a script (in the job's own Python: stdlib, torch and container_entry.hang)
-before the user's script, which starts only once it passed, so the check costs one Python start,
-not a second torchrun launch. Its stages:
+starts this file as a script (in the job's own Python: stdlib and torch only) before the
+user's script, which starts only once it passed, so the check costs one Python start, not a
+second torchrun launch; the wrapper reports progress for it to the hang watchdog (it has its own
+deadline). Its stages:
 
   connect     reach the job's TCPStore (every rank reports its stage there)
   gpu-count   the GPUs torch sees match what the plan counted
@@ -38,11 +39,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from container_entry.hang import report_progress
-
 EXPECTED_GPUS_ENV = "_CONTAINER_ENTRY_EXPECTED_GPUS"
 DEADLINE_ENV = "_CONTAINER_ENTRY_PREFLIGHT_DEADLINE"  # seconds; DEFAULT_DEADLINE otherwise
-# Fault injection for the tests only: "RANK:STAGE" makes that rank hang at that stage.
+# Fault injection for the tests only: "RANK:STAGE" makes that rank hang at that stage,
+# "RANK:STAGE:SECONDS" makes it that much slower there.
 STALL_ENV = "_CONTAINER_ENTRY_PREFLIGHT_STALL"
 DEFAULT_DEADLINE = 300.0
 GRACE = 15.0  # ranks that already joined wait this much longer before reporting
@@ -297,8 +297,12 @@ class Progress:
         if self.store is not None:
             record = {"stage": stage, "host": self.host, "local": self.local_rank}
             self.store.set(STAGE_KEY + str(self.rank), json.dumps({**record, "at": time.time()}))
-        if self.stall == f"{self.rank}:{stage}":
-            while True:  # fault injection: a rank that hangs here (tests only)
+        stall = self.stall.split(":")
+        if stall[:2] == [str(self.rank), stage]:  # fault injection (tests only)
+            if len(stall) > 2:  # slow here
+                time.sleep(float(stall[2]))
+                return
+            while True:  # stuck here
                 time.sleep(3600)
 
     def stages(self) -> dict[int, dict[str, Any] | None]:
@@ -343,7 +347,6 @@ class Progress:
                     return
                 if left <= 0:
                     break
-                report_progress()  # under its own deadline: no hang for HANG_TIMEOUT
                 time.sleep(min(left, 1.0))
             try:
                 raise PreflightError(self.report())

@@ -32,10 +32,12 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from container_entry.hang import report_progress
 from container_entry.masking import Masker
 from container_entry.records import RankRecord, write_json
 from container_entry.stopping import STOP_SIGNALS
@@ -355,6 +357,12 @@ def _exec_failure(script: str, error: OSError) -> tuple[int, dict[str, str]]:
     return code, {"type": "ExecError", "message": f"cannot execute {script}: {reason}"}
 
 
+def _keep_alive(done: threading.Event) -> None:
+    """Progress reports for the hang watchdog, every second until `done`."""
+    while not done.wait(1.0):
+        report_progress()
+
+
 # in the control folder (one per job and host): a rank of this host passed / failed the preflight
 PREFLIGHT_PASSED, PREFLIGHT_FAILED = "preflight-passed", "preflight-failed"
 
@@ -447,12 +455,20 @@ def main(argv: list[str]) -> int:
         os.close(log)
         return 1
     if preflight and not (control / PREFLIGHT_PASSED).exists():
-        status, exception, relays = run([sys.executable, "-u", *preflight], preflight[0])
+        # the preflight has its own deadline: while it runs it is never a hang (HANG_TIMEOUT)
+        checking = threading.Event()
+        threading.Thread(target=_keep_alive, args=(checking,), daemon=True).start()
+        try:
+            status, exception, relays = run([sys.executable, "-u", *preflight], preflight[0])
+        finally:
+            checking.set()
         if status:
             stage = "preflight"
         with contextlib.suppress(OSError):
             (control / (PREFLIGHT_FAILED if status else PREFLIGHT_PASSED)).touch()
     if not status:  # (not started either when a stop came while the preflight ran)
+        if preflight:
+            report_progress()  # the script's start-up counts from its own start, as at launch
         status, exception, relays = run(program, script)
     os.close(log)
 

@@ -96,6 +96,7 @@ def test_preflight_deadline_names_the_rank_stuck_before_joining(tmp_path):
         CONTAINER_ENTRY_PREFLIGHT="true",
         _CONTAINER_ENTRY_PREFLIGHT_DEADLINE="25",
         _CONTAINER_ENTRY_PREFLIGHT_STALL="1:gpu-count",
+        CONTAINER_ENTRY_HANG_TIMEOUT="10",  # the preflight's own deadline speaks, not the watchdog
     )
     done = run(bootstrap_argv(), env, timeout=180)
     assert done.returncode == 3, done.stderr[-3000:]  # a peer never joined (README exit codes)
@@ -105,6 +106,26 @@ def test_preflight_deadline_names_the_rank_stuck_before_joining(tmp_path):
     assert "rank 1 (local 1) on algo-1 still in 'gpu-count' (for " in line, line
     assert "1 other rank(s) got further" in line, line
     assert "started rank" not in done.stdout
+
+
+@pytest.mark.parametrize("stage", ["connect", "gpu-count", "join", "bandwidth"])
+def test_a_slow_preflight_is_no_hang_and_the_script_gets_its_own_start_up(tmp_path, stage):
+    """A rank slower in the preflight than HANG_TIMEOUT, at any stage, is not a hang: the
+    preflight has its own deadline. The script's start-up then counts from its own start."""
+    tree = make_tree(tmp_path)
+    env = bootstrap_env(
+        tree,
+        SAGEMAKER_PROGRAM="ddp_probe.py",
+        PET_NPROC_PER_NODE="2",
+        CONTAINER_ENTRY_PREFLIGHT="true",
+        CONTAINER_ENTRY_HANG_TIMEOUT="8",  # start-up (torchrun's own included) stays below it
+        _CONTAINER_ENTRY_PREFLIGHT_STALL=f"1:{stage}:16",
+    )
+    done = run(bootstrap_argv(), env, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "hung" not in done.stdout + done.stderr
+    assert "preflight ok on algo-1" in done.stdout
+    assert "probe rank 1/2 host algo-1 sum " in done.stdout  # the script ran after it
 
 
 def test_preflight_passes_on_cpu_with_bus_bandwidth(tmp_path):
