@@ -109,12 +109,12 @@ run: ## docker run --gpus GPUS IMAGE on SCRIPT ARGS (current dir mounted at /opt
 bench: venv standin ## ours vs bare torchrun vs the DLC launcher (5 rounds), then the relay table (5 rounds), ~40 min on 2 cores -> docs/benchmarks.md
 	$(MAKE) --no-print-directory build BASE_IMAGE=$(STANDIN) IMAGE=container-entry:bench
 	$(PYTHON) -m scripts.bench --image container-entry:bench --base $(STANDIN) --rounds 5 $(ARGS)
-	$(PYTHON) -m scripts.relay_benchmark --image container-entry:bench --rounds 5
+	$(PYTHON) -m scripts.relay_benchmark --image container-entry:bench --rounds 5 --make-target bench
 
 .PHONY: bench-relay
 bench-relay: venv standin ## the relay table alone: log-heavy DDP loop and HF job, ours vs bare torchrun in the image (ARGS=--rounds N ...) -> docs/benchmarks.md
 	$(MAKE) --no-print-directory build BASE_IMAGE=$(STANDIN) IMAGE=container-entry:bench
-	$(PYTHON) -m scripts.relay_benchmark --image container-entry:bench $(ARGS)
+	$(PYTHON) -m scripts.relay_benchmark --image container-entry:bench --make-target bench-relay $(ARGS)
 
 .PHONY: bench-liveness
 bench-liveness: venv ## N-host simulation of the real bootstrap (2-256 hosts): a killed, frozen, cut-off host noticed in ... s -> docs/liveness.md

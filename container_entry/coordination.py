@@ -36,6 +36,7 @@ from typing import Any
 from container_entry.errors import NetworkError
 from container_entry.hang import HUNG_EXIT_CODE, hung_text
 from container_entry.logs import log
+from container_entry.network import backoff
 from container_entry.records import RankRecord
 
 HEARTBEAT_INTERVAL = 1.0  # seconds between heartbeats, both ways
@@ -43,6 +44,7 @@ LIVENESS_TIMEOUT = 10.0  # seconds of silence after which a peer is gone
 # a member waits this much longer than the master for every host to join, so the master's word
 # on which host never joined reaches it before it gives up on its own
 JOIN_VERDICT_GRACE = LIVENESS_TIMEOUT + 5.0
+CONNECT_RETRY = 0.5  # at most this many seconds between tries to reach the master's side channel
 VANISHED_EXIT_CODE = 1  # a host vanished: no exit code of its own (as a lost master)
 _MAX_PENDING = 1 << 20  # bytes queued for a peer that stopped reading; beats are dropped then
 _WAITING_NAMES = 16  # host names a heartbeat lists while the join is incomplete
@@ -470,6 +472,7 @@ class Member:
         gives the master `verdict_grace` seconds more than its own timeout, so the master's
         verdict (which host never joined) arrives before a member gives up on its own."""
         deadline = time.monotonic() + timeout
+        attempt = 0
         while self.sock is None:
             remaining = deadline - time.monotonic()
             try:
@@ -482,7 +485,9 @@ class Member:
                         f"could not reach the master host {self.master}:{self.port} "
                         f"within {timeout:g} s"
                     ) from None
-                time.sleep(0.5)
+                # the master's bootstrap may start a moment after this one: ask again soon
+                time.sleep(min(backoff(attempt, CONNECT_RETRY), max(0.0, remaining)))
+                attempt += 1
                 continue
             tune(sock, self.liveness_timeout)
             sock.settimeout(min(self.interval, 0.5))  # the listener's tick; bounds sends too

@@ -19,7 +19,7 @@ from container_entry.errors import (
     NetworkError,
 )
 from container_entry.failure import Observed, Outcome, verdict
-from container_entry.launch import Supervisor
+from container_entry.launch import Prestarted, Supervisor, child_environment
 from container_entry.logs import log, register_secrets
 from container_entry.plan import Plan, build_plan, run_dir
 from container_entry.preflight import check_visible_gpus
@@ -45,7 +45,12 @@ class Job:
         self.run_dir = run_dir(base)
         self.coordinator: Coordinator | None = None
         self.member: Member | None = None
+        self.torchrun: Prestarted | None = None
         self.succeeded = False
+
+    def prestart(self) -> None:
+        """torchrun's interpreter imports torch while this host joins and prepares."""
+        self.torchrun = Prestarted(self.plan.argv[0], child_environment(self.plan, self.environ))
 
     def join(self) -> None:
         """Multi-host: resolve what this host needs, join the side channel, before anything.
@@ -155,11 +160,14 @@ class Job:
         log(f"preflight: {checks}; all_reduce across {hosts} host{'s' * (hosts > 1)}")
 
     def execute(self, outcome: Outcome) -> int:
+        self.prestart()
         self.join()
         self.prepare()
         plan = self.plan
         self.announce_preflight()
-        run = self._supervise(Supervisor(plan, self.environ, self.run_dir, self.member, self.stop))
+        run = self._supervise(
+            Supervisor(plan, self.environ, self.run_dir, self.member, self.stop, self.torchrun)
+        )
         result = verdict(run, plan.topology.current_host, self.run_dir)
         if result.exit_code == 0:
             log("training finished: all workers exited 0")
@@ -188,6 +196,8 @@ class Job:
             )
 
     def finish(self) -> None:
+        if self.torchrun:  # never launched: the job ended before (a failure, a stop)
+            self.torchrun.discard()
         if self.member:
             if self.succeeded:
                 self.member.done()

@@ -86,14 +86,101 @@ def _exited(pid: int) -> bool:
     return state in ("Z", "X")
 
 
-def child_environment(plan: Plan, environ: Mapping[str, str], control: Path) -> dict[str, str]:
+def child_environment(
+    plan: Plan, environ: Mapping[str, str], control: Path | None = None
+) -> dict[str, str]:
     """The user's environment plus the plan's additions (which never overwrite user values)."""
     env = dict(environ)
     for name, var in plan.env.items():
         env.setdefault(name, var.value)
-    env[CONTROL_ENV] = str(control)
+    if control is not None:
+        env[CONTROL_ENV] = str(control)
     env[EXPECTED_GPUS_ENV] = str(plan.num_gpus)  # read by the preflight only
     return env
+
+
+# torchrun's interpreter, started early: it imports torch's launcher (most of its start-up),
+# then waits for its command line, environment and folder (JSON on the pipe `argv[1]`) and runs
+# as `python -m torch.distributed.run` would. EOF without a launch (the bootstrap failed, was
+# stopped, or died before it): exit quietly.
+_PRESTART = """
+import json, os, sys
+pipe = int(sys.argv[1])
+if sys.path and sys.path[0] == "":  # -c's own folder: nothing is imported from the bootstrap's
+    del sys.path[0]
+import torch.distributed.run as run
+chunks = []
+while chunk := os.read(pipe, 1 << 16):
+    chunks.append(chunk)
+os.close(pipe)
+if not chunks:
+    sys.exit(0)
+launch = json.loads(b"".join(chunks))
+os.environ.clear()
+os.environ.update(launch["env"])
+os.chdir(launch["cwd"])
+if not getattr(sys.flags, "safe_path", False):  # as `-m` puts it
+    sys.path.insert(0, os.getcwd())
+sys.argv = [run.__file__, *launch["args"]]
+run.main(launch["args"])
+"""
+
+
+class Prestarted:
+    """torchrun's interpreter started while the bootstrap still joins the other hosts and
+    prepares the code: `import torch` (1.2 s of torchrun's 1.8 s start on a 2-CPU host,
+    docs/benchmarks.md) then overlaps that work instead of following it. `launch` hands it the
+    plan's command line, the final environment (the join may still change it: hosts sharing a
+    machine) and the code folder (it may not exist before the code is fetched); what runs from
+    there is exactly `python -m torch.distributed.run ARGS`. `discard` ends it unused."""
+
+    def __init__(self, python: str, env: Mapping[str, str]) -> None:
+        read, self._pipe = os.pipe()
+        try:
+            self.process: subprocess.Popen | None = subprocess.Popen(
+                [python, "-c", _PRESTART, str(read)],
+                env=dict(env),
+                stderr=subprocess.PIPE,
+                pass_fds=(read,),
+            )
+        except OSError:  # no such Python: the launch reports it as it always has
+            self.process = None
+            os.close(self._pipe)
+        finally:
+            os.close(read)
+        self._handed = False
+
+    def launch(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> subprocess.Popen:
+        """The running torchrun; its Python must be the one this was started with."""
+        module = ["-m", "torch.distributed.run"]
+        if self.process is None or list(argv[1:3]) != module or self._handed:
+            self.discard()
+            return subprocess.Popen(list(argv), env=dict(env), cwd=cwd, stderr=subprocess.PIPE)
+        self._handed = True
+        message = json.dumps({"args": list(argv[3:]), "env": dict(env), "cwd": cwd}).encode()
+        # from a thread: the pipe takes 64 KiB while the import runs, and the monitor must run
+        # meanwhile (a stop, a dead torchrun)
+        threading.Thread(target=self._send, args=(message,), daemon=True).start()
+        return self.process
+
+    def _send(self, message: bytes) -> None:
+        with contextlib.suppress(OSError):  # it died: the monitor reports its exit
+            write_all(self._pipe, message)
+        with contextlib.suppress(OSError):
+            os.close(self._pipe)
+
+    def discard(self) -> None:
+        """End it if it was never launched (EOF first: it exits on its own once imported)."""
+        if self._handed:
+            return
+        self._handed = True
+        with contextlib.suppress(OSError):
+            os.close(self._pipe)
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        if self.process is not None and self.process.stderr is not None:
+            self.process.stderr.close()
 
 
 def prepare_run_dir(run_dir: Path) -> None:
@@ -252,8 +339,10 @@ class Supervisor:
         run_dir: Path,
         member: Member | None,
         stop: Stop,
+        prestarted: Prestarted | None = None,
     ) -> None:
         self.plan = plan
+        self.prestarted = prestarted
         self.environ = environ
         self.run_dir = run_dir
         self.member = member
@@ -295,11 +384,11 @@ class Supervisor:
             self.activity = Activity(self.run_dir, self.effective(PROGRESS_ENV))
             if self.member:  # several hosts: the master decides, from every host's idle time
                 self.member.idle = self.activity.idle
+        env = child_environment(self.plan, self.environ, self.control)
+        if self.prestarted is not None:
+            return self.prestarted.launch(self.plan.argv, env, self.plan.code.code_dir)
         return subprocess.Popen(
-            self.plan.argv,
-            env=child_environment(self.plan, self.environ, self.control),
-            cwd=self.plan.code.code_dir,
-            stderr=subprocess.PIPE,
+            self.plan.argv, env=env, cwd=self.plan.code.code_dir, stderr=subprocess.PIPE
         )
 
     # -- monitor --------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from container_entry.errors import NetworkError
 from container_entry.logs import log
 
 PARALLEL = 32  # resolver threads at most, whatever the number of names
+FIRST_RETRY = 0.05  # seconds before the first retry; doubled for each next one (backoff)
 _LISTED = 8  # names an error or a log line lists before "and N more"
 
 
@@ -23,6 +24,14 @@ def name_resolves(host: str) -> bool:
     except OSError:
         return False
     return True
+
+
+def backoff(attempt: int, cap: float, first: float = FIRST_RETRY) -> float:
+    """Seconds before retry number `attempt` (0 for the first): `first`, doubled each time, at
+    most `cap`. A name or port that appears a moment after the first try (hosts start within
+    a second of each other) is found at once, not a whole retry interval later; a peer that
+    takes longer is asked at the `cap` rate."""
+    return min(cap, first * 2 ** min(attempt, 30))
 
 
 def _names(hosts: Sequence[str]) -> str:
@@ -41,9 +50,10 @@ def wait_for_hosts(
 ) -> None:
     """Return once every name in `hosts` resolved; NetworkError naming the rest at `timeout`.
 
-    Each name is tried by one of at most `parallel` daemon threads, again `interval` seconds
-    after each failure; a name never has two lookups at once. The deadline is the caller's,
-    not a pass's: a lookup still running when it passes is abandoned (its thread is a daemon).
+    Each name is tried by one of at most `parallel` daemon threads, again after each failure
+    (`backoff`: from 50 ms up to `interval` seconds); a name never has two lookups at once.
+    The deadline is the caller's, not a pass's: a lookup still running when it passes is
+    abandoned (its thread is a daemon).
     """
     deadline = time.monotonic() + timeout
     pending = dict.fromkeys(hosts)  # ordered: errors name hosts in the caller's order
@@ -51,6 +61,7 @@ def wait_for_hosts(
         return
     ready: deque[str] = deque(pending)  # names to look up now
     later: list[tuple[float, str]] = []  # (when, name): failed, to retry
+    failures = dict.fromkeys(pending, 0)  # failed lookups per name
     cond = threading.Condition()
     over = False
 
@@ -70,7 +81,8 @@ def wait_for_hosts(
                 if ok:
                     pending.pop(name, None)
                 else:
-                    later.append((time.monotonic() + interval, name))
+                    later.append((time.monotonic() + backoff(failures[name], interval), name))
+                    failures[name] += 1
                 cond.notify_all()
 
     for index in range(max(1, min(parallel, len(pending)))):

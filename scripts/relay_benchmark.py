@@ -49,7 +49,8 @@ GOALS = {0: 0.98, 1: 0.98, 20: 0.95}  # lines per step (0: the HF job) -> ours /
 BEFORE: dict[str, Path] = {}  # launcher name -> folder holding another container_entry
 SCENARIOS = [(1, "stdout"), (1, "stderr"), (20, "stdout"), (20, "stderr"), (0, "hf")]
 HF_SCRIPT = REPO / "examples" / "hf_trainer_tiny.py"
-HF_EPOCHS = 4  # 512 examples, batch 8 per rank, 2 ranks: 32 steps per epoch
+HF_EPOCHS = 16  # 512 examples, batch 8 per rank, 2 ranks: 32 steps per epoch; 512 steps, ~8 s
+# (4 epochs, ~2 s, spread 0.86x-1.15x over 5 rounds: the Trainer's start-up weighed too much)
 IN_IMAGE = Path("/opt/ml")  # where a container sees the run's tree
 
 WORKLOAD = r'''
@@ -325,9 +326,9 @@ def spread(values: list[float], fmt: str = "{:.1f}") -> str:
     )
 
 
-def label(lines: int, stream: str) -> str:
+def label(lines: int, stream: str, epochs: int = HF_EPOCHS) -> str:
     if stream == "hf":
-        return f"HF Trainer job (tiny BERT, {HF_EPOCHS} epochs, a log line per step)"
+        return f"HF Trainer job (tiny BERT, {epochs} epochs, a log line per step)"
     return f"1, {stream}" if lines <= 1 else f"{1 + lines} (1 + {lines}), {stream}"
 
 
@@ -348,6 +349,7 @@ def spread_or_dash(values: list[float | None], fmt: str = "{:.1f}") -> str:
 
 def render(results: dict, meta: dict) -> str:
     """The markdown block: steps/s with the goals, then where the relay's CPU goes."""
+    epochs = meta.get("hf_epochs", 4)  # runs saved before it was recorded had 4
     before = any("before" in cell for cell in results.values())
     unbuffered = any("torchrun-u" in cell for cell in results.values())
     head = "| lines per step, stream | bare torchrun, steps/s | ours, steps/s | ours / torchrun "
@@ -365,7 +367,8 @@ def render(results: dict, meta: dict) -> str:
         ratio = ratios(cell, "ours")
         met = "yes" if statistics.median(ratio) >= goal else "**no**"
         row = (
-            f"| {label(lines, stream)} | {spread([r['steps_per_s'] for r in cell['torchrun']])} "
+            f"| {label(lines, stream, epochs)} "
+            f"| {spread([r['steps_per_s'] for r in cell['torchrun']])} "
             f"| {spread([r['steps_per_s'] for r in cell['ours']])} "
             f"| {spread(ratio, '{:.2f}x')} | ≥ {goal:.2f}x | {met} |"
         )
@@ -395,7 +398,7 @@ def render(results: dict, meta: dict) -> str:
     for (lines, stream), cell in results.items():
         if stream == "hf":  # its lines are the Trainer's own, not counted
             continue
-        row = f"| {label(lines, stream)} "
+        row = f"| {label(lines, stream, epochs)} "
         names = ["ours", "before"] if before else ["ours"]
         for name in names:
             row += (
@@ -419,7 +422,7 @@ def render(results: dict, meta: dict) -> str:
             )
             + f"Python {meta['python']}, torch {meta['torch']}; {meta['rounds']} alternated "
             f"rounds of {meta['steps']} steps ({meta['steps'] - 100} timed after 100 warm-up "
-            f"steps; the HF Trainer job: {HF_EPOCHS} epochs, its own steps/s), 2 "
+            f"steps; the HF Trainer job: {epochs} epochs, its own steps/s), 2 "
             "workers, gloo, `OMP_NUM_THREADS=1`; each run started once the CPUs were at least "
             f"{meta['idle']:.0%} idle (median idle share before a run "
             f"{meta['idle_seen']:.0%}). Cells: median (min-max) over the rounds; a ratio is "
@@ -474,6 +477,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=REPO / "build" / "relay-benchmark.json")
     parser.add_argument("--from-json", type=Path, help="render a previous run's results only")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--make-target", help=argparse.SUPPRESS)  # the page names the target
     args = parser.parse_args()
     if args.image and args.before:
         parser.error("--before runs another container_entry on this host: not with --image")
@@ -494,10 +498,14 @@ def main() -> int:
     return 0
 
 
-def invocation() -> str:
-    """How this run was started, as the page names it."""
-    if os.environ.get("MAKELEVEL"):
-        return "make bench" if "--image" in sys.argv else "make bench-relay"
+def invocation(target: str | None) -> str:
+    """How this run was started, as the page names it: the make target that says so
+    (`--make-target`, with make's ARGS where they reached this command), else this command
+    line."""
+    if target:
+        given = (os.environ.get("ARGS") or "").split()
+        passed = bool(given) and sys.argv[-len(given) :] == given
+        return f"make {target}" + (f" ARGS='{' '.join(given)}'" if passed else "")
     return "python -m scripts.relay_benchmark " + " ".join(sys.argv[1:])
 
 
@@ -557,13 +565,14 @@ def measure(args: argparse.Namespace) -> tuple[dict, dict]:
     python, torch_version = versions(args.image)
     meta = {
         "when": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "invocation": invocation(),
+        "invocation": invocation(args.make_target),
         "image": args.image,
         "cpus": os.cpu_count(),
         "python": python,
         "torch": torch_version,
         "rounds": args.rounds,
         "steps": args.steps,
+        "hf_epochs": HF_EPOCHS,
         "idle": args.idle,
         "idle_seen": statistics.median(idle_seen),
     }

@@ -52,30 +52,34 @@ SCENARIOS = ("relay", "kill", "freeze", "disconnect", "freeze-master")
 DOCS_BEGIN, DOCS_END = "<!-- generated: make bench-liveness -->", "<!-- end generated -->"
 
 FAKE_TORCHRUN = r'''
-"""Stand-in for torchrun (simulate_hosts.py): no worker, the records a worker would leave."""
+"""Stand-in for torchrun (simulate_hosts.py): no worker, the records a worker would leave.
+Imported first, run when launched (as the bootstrap starts torchrun: container_entry.launch)."""
 import json, os, signal, sys, time
 
-control = os.environ["_CONTAINER_ENTRY_CONTROL"]
-with open(os.path.join(control, "command.json")) as handle:
-    run_dir = json.load(handle)["run_dir"]
+
+def main(args=None):
+    control = os.environ["_CONTAINER_ENTRY_CONTROL"]
+    with open(os.path.join(control, "command.json")) as handle:
+        run_dir = json.load(handle)["run_dir"]
+
+    def write(name, data):
+        path = os.path.join(run_dir, name)
+        with open(path + ".tmp", "w") as handle:
+            json.dump(data, handle)
+        os.replace(path + ".tmp", path)
+
+    def on_term(signum, frame):
+        write("sim-term.json", {"at": time.time()})
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_term)
+    write("sim-launched.json", {"at": time.time(), "pid": os.getpid()})
+    while True:  # training, as far as the bootstrap can tell
+        time.sleep(3600)
 
 
-def write(name, data):
-    path = os.path.join(run_dir, name)
-    with open(path + ".tmp", "w") as handle:
-        json.dump(data, handle)
-    os.replace(path + ".tmp", path)
-
-
-def on_term(signum, frame):
-    write("sim-term.json", {"at": time.time()})
-    sys.exit(128 + signum)
-
-
-signal.signal(signal.SIGTERM, on_term)
-write("sim-launched.json", {"at": time.time(), "pid": os.getpid()})
-while True:  # training, as far as the bootstrap can tell
-    time.sleep(3600)
+if __name__ == "__main__":
+    main()
 '''
 
 

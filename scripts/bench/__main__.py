@@ -32,7 +32,7 @@ def make_config(image: str, base: str, procs: int, quick: bool) -> Config:
         ticks=8 if quick else 12,
         tick_seconds=0.25,
         fail_tick=6,
-        steps=40 if quick else 120,
+        steps=40 if quick else 400,  # ~10 s timed (100 timed steps spread 5-6% per variant)
         warmup=10 if quick else 20,
         stop_timeout=10,
         fail_cap=60.0,

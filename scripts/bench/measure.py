@@ -61,6 +61,7 @@ def _take_job_figures(run: Run, cluster: Cluster, tap: LogTap, config: Config) -
     run.ranks_ticking = len({e.rank for e in ticks if e.seq >= SKIPPED_TICKS})
     if len(firsts) >= config.world:
         run.start_s = start_seconds(firsts, started)
+    run.preflight_s = max(tap.preflight_seconds(), default=None)
     latencies = log_latencies(ticks)
     if latencies:
         run.log_median_s = statistics.median(latencies)

@@ -20,6 +20,7 @@ from scripts.local_cluster import Cluster
 
 LINE = re.compile(r"BENCH (first|ready|tick)\b(.*?)\bt=([0-9.]+)")
 FIELD = re.compile(r"(\w+)=(\S+)")
+PREFLIGHT_OK = re.compile(r"preflight ok on \S+: .*; in ([0-9.]+) s\b")
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,12 @@ class LogTap:
                     self.lines += [(host, now, x.decode(errors="replace")) for x in complete]
         except Exception:  # the container was removed under us
             return
+
+    def preflight_seconds(self) -> list[float]:
+        """What each host's preflight took, as its `preflight ok on HOST: ...; in X s` says."""
+        with self.lock:
+            lines = [line for _, _, line in self.lines]
+        return [float(m.group(1)) for m in map(PREFLIGHT_OK.search, lines) if m]
 
     def events(self) -> list[Event]:
         with self.lock:

@@ -44,6 +44,7 @@ class Run:
     world: list[int] = field(default_factory=list)  # world sizes the ranks reported
     # scenario "job": start, log latency, throughput, then `docker stop`
     start_s: float | None = None
+    preflight_s: float | None = None  # of it: the slowest host's preflight, as its ok line says
     log_median_s: float | None = None
     log_max_s: float | None = None
     log_lines: int = 0

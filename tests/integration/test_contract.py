@@ -349,6 +349,23 @@ def test_stop_at_any_moment_of_the_start_is_a_stopped_job(tmp_path, delivery):
             for pid in re.findall(r"started rank \d+ pid (\d+)", path.read_text()):
                 stat = Path(f"/proc/{pid}/stat")
                 assert not stat.exists() or stat.read_text().split(")")[1].split()[0] == "Z"
+        # nor anything else the bootstrap started (torchrun's interpreter, started before the
+        # join, included): its session is empty
+        assert session_members(process.pid) == [], delay
+
+
+def session_members(sid: int) -> list[str]:
+    """The live processes of session `sid`, as 'pid command'."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            command = stat.with_name("cmdline").read_bytes().replace(b"\0", b" ")[:120]
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] not in ("Z", "X"):
+            found.append(f"{stat.parent.name} {command.decode(errors='replace')}")
+    return found
 
 
 @pytest.mark.parametrize(

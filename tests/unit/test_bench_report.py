@@ -4,10 +4,11 @@ only between its markers."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
-from scripts.bench import report
+from scripts.bench import observe, report
 from scripts.bench.results import Config, ImageSizes, Load, Machine, Results, Run
 from tests.conftest import REPO
 
@@ -80,6 +81,26 @@ def test_cells_are_median_min_max_and_ours_is_judged_against_bare_torchrun():
     assert steps[-1] == "**no**"  # 16.9 < 0.98 x 18.0
     assert row(table, "`docker stop` → every container exited")[-1] == "-"  # no goal
     assert row(table, "image bytes")[1:5] == ["0", "0", "371,906", "371,906"]
+
+
+def test_the_preflight_share_is_ours_only_and_taken_from_its_ok_line():
+    runs = [
+        job(r.variant, r.round, r.start_s or 0.0, 18.0, preflight_s=1.4 + r.round / 10)
+        if r.variant == "ours"
+        else r
+        for r in results().runs
+    ]
+    share = row(report.figures_table(results(runs=runs)), "... of it: the preflight")
+    assert share[1:5] == ["-", "-", "1.50 (1.40-1.60)", "no preflight in 3 runs"]
+    assert share[-1] == "-"  # reported, not judged: the start row holds the goal
+    tap = observe.LogTap(SimpleNamespace(containers=[]))
+    tap.lines = [
+        ("algo-1", 0.0, "[algo-1 rank 0] preflight ok on algo-1: 1 workers, 0 GPUs, all_reduce "
+         "latency 0.74 ms, bus bandwidth 0.56 GB/s (8 MiB, world 2); in 1.38 s: import 1.18 s"),
+        ("algo-2", 0.0, "[algo-2 rank 1] preflight ok on algo-2: ...; in 12.50 s: import 9 s"),
+        ("algo-2", 0.0, "[algo-2 rank 1] step 3; in 9.00 s"),  # the script's own line
+    ]  # fmt: skip
+    assert tap.preflight_seconds() == [1.38, 12.5]
 
 
 def test_runs_without_a_figure_are_counted_and_named():

@@ -308,3 +308,26 @@ def test_the_start_tells_each_host_who_shares_its_machine():
     for member in members:
         member.close()
     coordinator.close()
+
+
+@pytest.mark.parametrize("master_late_by", [0.1, 0.6])
+def test_a_member_up_before_the_master_joins_soon_after_the_master_listens(master_late_by):
+    """Hosts start in any order: a member whose first connection is refused asks again with a
+    short backoff (50 ms, doubling, at most 0.5 s), so its join is not held a fixed retry
+    interval after the master's side channel opened."""
+    port = free_port()
+    hosts = ("algo-1", "algo-2")
+    two = member("algo-2", port)
+    raised = background_join(two, 10.0)
+    time.sleep(master_late_by)
+    opened = time.monotonic()
+    coordinator = Coordinator(hosts, port, **FAST)
+    one = member("algo-1", port)
+    join_all([one])
+    assert two.started.wait(5) and not raised
+    # tries at 0, 0.05, 0.15, 0.35, 0.75 s: at most 0.15 s after the master opened at 0.6 s
+    # (a fixed 0.5 s retry joins 0.4 s after it, in both cases)
+    assert time.monotonic() - opened < 0.3
+    for m in (one, two):
+        m.close()
+    coordinator.close()

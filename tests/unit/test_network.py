@@ -76,6 +76,26 @@ def test_a_name_that_resolves_late_is_retried_until_it_does():
     assert tries == {"algo-1": 1, "algo-2": 3}
 
 
+def test_backoff_doubles_from_50_ms_up_to_its_cap():
+    assert [network.backoff(n, 1.0) for n in range(7)] == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    assert network.backoff(10_000, 0.5) == 0.5  # no overflow however long a peer takes
+
+
+@pytest.mark.parametrize("appears_after", [0.02, 0.15, 0.4])
+def test_a_name_that_appears_late_is_found_within_its_backoff_not_a_whole_interval(appears_after):
+    """Hosts start within a second of each other: a name missing at the first lookup is asked
+    again after 50, 100, 200 ms ..., so it is found at most about as long again after it
+    appeared, not a whole `interval` (1 s) later."""
+    began = time.monotonic()
+
+    def resolves(name: str) -> bool:
+        return name != "algo-2" or time.monotonic() - began >= appears_after
+
+    network.wait_for_hosts(("algo-1", "algo-2"), 5.0, resolves=resolves)
+    took = time.monotonic() - began
+    assert appears_after <= took < 2 * appears_after + 0.1, took
+
+
 class Resolved(Exception):
     pass
 

@@ -201,3 +201,20 @@ def test_the_preflight_warns_about_a_small_dev_shm(monkeypatch, size, warned):
     else:
         assert line is not None and line.startswith("preflight warning on algo-2: /dev/shm is 64")
         assert "--shm-size=1g or --ipc=host" in line
+
+
+def test_stage_seconds_says_where_the_pass_spent_its_time():
+    marks = [("import", 10.0), ("connect", 11.25), ("gpu-count", 11.3), ("join", 11.302)]
+    assert preflight.stage_seconds(marks, 11.5) == (
+        "in 1.50 s: import 1.25 s, connect 0.05 s, join 0.20 s"  # gpu-count: 2 ms, left out
+    )
+    assert preflight.stage_seconds([("import", 5.0)], 5.001) == "in 0.00 s"
+
+
+def test_progress_marks_each_stage_once_in_order():
+    progress = Progress(rank=0, local_rank=0, host="h", deadline=10)
+    for stage in ("connect", "connect", "gpu-count", "join"):
+        progress.enter(stage)
+    assert [stage for stage, _ in progress.marks] == ["import", "connect", "gpu-count", "join"]
+    times = [at for _, at in progress.marks]
+    assert times == sorted(times)
