@@ -412,7 +412,7 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    progress.enter("connect")
+    progress.marks.append(("connect", time.monotonic()))  # imported; published once connected
     store, _, _ = next(
         dist.rendezvous(
             "env://", rank, world, timeout=datetime.timedelta(seconds=progress.timeout())
