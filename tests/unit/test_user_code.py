@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import stat
+import sys
 import tarfile
 
 import pytest
@@ -43,8 +44,12 @@ ESCAPES = [
 
 @pytest.fixture(params=["data filter", "by hand"])
 def extraction(request, monkeypatch):
-    if request.param == "by hand":  # Python 3.11.0-3.11.3: no tarfile.data_filter
-        monkeypatch.delattr(tarfile, "data_filter")
+    """Both ways user_code extracts: tarfile's data filter, and by hand where this Python has
+    none (3.11.0-3.11.3, Debian 12's 3.11.2 among them), which every Python can be made to be."""
+    if request.param == "by hand":
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    elif not hasattr(tarfile, "data_filter"):
+        pytest.skip(f"Python {sys.version.split()[0]} has no tarfile.data_filter to test")
     return request.param
 
 
