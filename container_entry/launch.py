@@ -45,6 +45,7 @@ from container_entry.plan import Plan
 from container_entry.preflight import EXPECTED_GPUS_ENV
 from container_entry.records import RankRecord, read_json
 from container_entry.stopping import Stop
+from container_entry.torchrun import MODULE
 from container_entry.worker import CONTROL_ENV, write_all
 
 POLL_SECONDS = 0.1
@@ -152,8 +153,7 @@ class Prestarted:
 
     def launch(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> subprocess.Popen:
         """The running torchrun; its Python must be the one this was started with."""
-        module = ["-m", "torch.distributed.run"]
-        if self.process is None or list(argv[1:3]) != module or self._handed:
+        if self.process is None or list(argv[1:3]) != ["-m", MODULE] or self._handed:
             self.discard()
             return subprocess.Popen(list(argv), env=dict(env), cwd=cwd, stderr=subprocess.PIPE)
         self._handed = True
