@@ -100,6 +100,11 @@ def child_environment(
     return env
 
 
+def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> subprocess.Popen:
+    """torchrun as a plain process, its stderr ours to pump (TorchrunOutput)."""
+    return subprocess.Popen(list(argv), env=dict(env), cwd=cwd, stderr=subprocess.PIPE)
+
+
 # torchrun's interpreter, started early: it imports torch's launcher (most of its start-up),
 # then waits for its command line, environment and folder (JSON on the pipe `argv[1]`) and runs
 # as `python -m torch.distributed.run` would. EOF without a launch (the bootstrap failed, was
@@ -155,7 +160,7 @@ class Prestarted:
         """The running torchrun; its Python must be the one this was started with."""
         if self.process is None or list(argv[1:3]) != ["-m", MODULE] or self._handed:
             self.discard()
-            return subprocess.Popen(list(argv), env=dict(env), cwd=cwd, stderr=subprocess.PIPE)
+            return spawn(argv, env, cwd)
         self._handed = True
         message = json.dumps({"args": list(argv[3:]), "env": dict(env), "cwd": cwd}).encode()
         # from a thread: the pipe takes 64 KiB while the import runs, and the monitor must run
@@ -387,9 +392,7 @@ class Supervisor:
         env = child_environment(self.plan, self.environ, self.control)
         if self.prestarted is not None:
             return self.prestarted.launch(self.plan.argv, env, self.plan.code.code_dir)
-        return subprocess.Popen(
-            self.plan.argv, env=env, cwd=self.plan.code.code_dir, stderr=subprocess.PIPE
-        )
+        return spawn(self.plan.argv, env, self.plan.code.code_dir)
 
     # -- monitor --------------------------------------------------------------------------
     def _collect(self, final: bool = False) -> None:
