@@ -20,7 +20,7 @@ REGISTRY     ?=
 REPOSITORY   ?= container-entry
 MOVING_TAG   ?= latest
 
-.PHONY: help docker venv standin build demo test unit lint login-base push run clean
+.PHONY: help docker venv standin build demo test unit lint login-base push run gpu-check clean
 
 help: ## list targets and variables
 	@echo "Targets:"
@@ -123,6 +123,10 @@ bench-liveness: venv ## N-host simulation of the real bootstrap (2-256 hosts): a
 .PHONY: bench-threads
 bench-threads: venv ## CPU HF Trainer steps/s: OMP_NUM_THREADS default vs torchrun's 1 (~5 min) -> docs/thread-benchmark.md
 	$(PYTHON) -m scripts.thread_benchmark $(ARGS)
+
+# The system python3: a bare GPU host has torch, NCCL and transformers but no .venv and no docker.
+gpu-check: ## on a GPU host, no docker: plan, DDP+preflight, HF, crash, OOM, hang, stop, benchmark; one verdict line each (ARGS=--only ... --markdown FILE ...)
+	python3 -m scripts.gpu_check $(ARGS)
 
 clean: ## remove build outputs and the venv (images are kept)
 	rm -rf build dist *.egg-info $(VENV) .pytest_cache .ruff_cache

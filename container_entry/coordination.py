@@ -379,6 +379,11 @@ class Coordinator:
         with self.lock:
             return host in self.joined
 
+    def unfinished(self) -> set[str]:
+        """Hosts that joined and have not finished, left or gone silent yet."""
+        with self.lock:
+            return set(self.joined) - self.finished
+
     def missing(self) -> list[str]:
         with self.lock:
             return [h for h in self.hosts if h not in self.joined]

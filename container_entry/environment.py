@@ -12,7 +12,6 @@ import posixpath
 import re
 import socket
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -55,7 +54,6 @@ class Environment:
     ofi_nccl_version: str | None = None  # aws-ofi-nccl in the image (read only with EFA devices)
     libfabric_version: str | None = None
     kernel_release: str | None = None  # os.uname().release: the host's kernel
-    temp_dir: str = "/tmp"  # tempfile.gettempdir(): where the launcher's private folders live
     boot_id: str | None = None  # this kernel's boot id: hosts that share one share a machine
 
     @property
@@ -306,6 +304,5 @@ def read_environment(
         ofi_nccl_version=ofi,
         libfabric_version=fabric,
         kernel_release=os.uname().release,
-        temp_dir=tempfile.gettempdir(),
         boot_id=read_boot_id(),
     )

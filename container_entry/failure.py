@@ -287,8 +287,8 @@ def _stopped(run: Observed, host: str) -> str:
         if exited:
             text += f"{len(exited)} of {total} local ranks exited within {slowest:.1f} s; "
         text += (
-            f"rank{'s' if len(killed) > 1 else ''} {ranks} ignored the stop: "
-            f"still running after the {run.grace:g} s grace period, {were} killed"
+            f"rank{'s' if len(killed) > 1 else ''} {ranks} still running after the "
+            f"{run.grace:g} s grace period {were} killed"
         )
     elif run.forced_kill:
         text += f"the {run.grace:g} s grace period ran out and the rest was killed"
@@ -332,7 +332,9 @@ def verdict(run: Observed, host: str, run_dir: Path) -> Verdict:
     logs = f"per-rank logs and records: {run_dir}"
     failed = sorted((r for r in run.results.values() if r.failed), key=lambda r: r.rank or 0)
     details = [f"  {describe_rank(r)}" for r in failed] + stack_lines(run_dir) + [logs]
-    if run.stop_signal and not _finished_before_stop(run):
+    if run.stop_signal:  # what torchrun returned after being ended says nothing here
+        if _finished_before_stop(run):
+            return Verdict(0, "", [])
         return Verdict(STOPPED_EXIT_CODE, _stopped(run, host), details)
     if run.hung is not None:  # first line exactly the verdict; then where each rank was
         return Verdict(HUNG_EXIT_CODE, run.hung.what or "hung", [*stack_lines(run_dir), logs])

@@ -20,7 +20,6 @@ from pathlib import Path
 
 HUNG_EXIT_CODE = 124  # timeout(1)'s code for "ran out of time"
 PROGRESS_ENV = "CONTAINER_ENTRY_PROGRESS_FILE"
-NCCL_PIPE_ENV = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"  # torch's on-demand flight-recorder dump
 CHECK_SECONDS = 1.0  # how often a host measures its idle time
 
 
@@ -73,28 +72,3 @@ class Activity:
                     latest = max(latest, os.stat(path).st_mtime)
             self._checked, self._idle = now, max(0.0, now - latest)
         return self._idle + (now - self._checked)
-
-
-def request_nccl_dumps(stem: str | None) -> int:
-    """Ask every local rank's NCCL flight recorder for a dump: torch's heartbeat monitor
-    watches the named pipe `<stem><rank>.pipe` (TORCH_NCCL_DEBUG_INFO_PIPE_FILE) and dumps to
-    TORCH_NCCL_DEBUG_INFO_TEMP_FILE when a byte arrives. Returns how many pipes took one."""
-    if not stem:
-        return 0
-    folder, prefix = os.path.split(stem)
-    asked = 0
-    with contextlib.suppress(OSError):
-        names = os.listdir(folder or ".")
-        for name in names:
-            if not (name.startswith(prefix) and name.endswith(".pipe")):
-                continue
-            try:
-                fd = os.open(os.path.join(folder, name), os.O_WRONLY | os.O_NONBLOCK)
-            except OSError:  # ENXIO: no reader (that rank is gone)
-                continue
-            try:
-                os.write(fd, b"1")
-                asked += 1
-            finally:
-                os.close(fd)
-    return asked

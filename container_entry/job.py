@@ -165,8 +165,24 @@ class Job:
         self.prepare()
         plan = self.plan
         self.announce_preflight()
+        coordinator = self.coordinator
+        peers_running = None
+        if coordinator is not None:  # the master: its torchrun hosts the job's store
+            here = plan.topology.current_host
+
+            def peers_running() -> bool:
+                return bool(coordinator.unfinished() - {here})
+
         run = self._supervise(
-            Supervisor(plan, self.environ, self.run_dir, self.member, self.stop, self.torchrun)
+            Supervisor(
+                plan,
+                self.environ,
+                self.run_dir,
+                self.member,
+                self.stop,
+                self.torchrun,
+                peers_running=peers_running,
+            )
         )
         result = verdict(run, plan.topology.current_host, self.run_dir)
         if result.exit_code == 0:

@@ -4,12 +4,16 @@ launch -> monitor -> teardown -> verdict. The monitor watches four things: torch
 per-rank result records the worker wrappers write, aborts relayed from other hosts, and stop
 signals. Whatever ends the job, every worker process group is gone when this returns.
 
-Stop grace: where torchrun has `--shutdown-timeout` the plan passes our grace period and the
-stop signal goes to torchrun, which signals each worker group once. Older torchrun kills the
-workers 30 s after its own SIGTERM, less than the 100 s a checkpoint may need (SageMaker kills at
-120 s), so there the bootstrap freezes torchrun (SIGSTOP: it can neither kill nor restart the
-workers), signals every worker group itself, waits for the ranks up to the grace period, then
-lets torchrun go with a SIGTERM.
+Stop: the bootstrap delivers it on every torch release. torchrun before 2.12 kills the workers
+30 s after its own SIGTERM, less than the 100 s a checkpoint may need (SageMaker kills at 120 s),
+so torchrun never gets the stop: it runs in a process group of its own (a terminal's or a group
+kill's signal does not reach it either), the bootstrap writes the control folder's stop file
+(a worker torchrun starts from now on runs nothing), signals every worker group itself, and a
+stopped worker wrapper exits 0 (its record keeps the status), so torchrun sees no failure to
+answer with a second signal or a restart. torchrun keeps running all along: it hosts the job's
+store, which ranks keep polling until they exit (NCCL's heartbeat thread; a rank whose store
+host is frozen never exits, docs/gpu.md). Once every local rank is gone (and, on the master,
+every other host's) torchrun is ended.
 """
 
 from __future__ import annotations
@@ -26,30 +30,22 @@ import tempfile
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from container_entry import flight_recorder
 from container_entry.coordination import Member
 from container_entry.failure import USAGE_ERROR, Observed, permanent
-from container_entry.hang import (
-    HUNG_EXIT_CODE,
-    NCCL_PIPE_ENV,
-    PROGRESS_ENV,
-    Activity,
-    hung_text,
-    is_hang,
-    request_nccl_dumps,
-)
+from container_entry.hang import HUNG_EXIT_CODE, PROGRESS_ENV, Activity, hung_text, is_hang
 from container_entry.logs import log
 from container_entry.plan import Plan
 from container_entry.preflight import EXPECTED_GPUS_ENV
 from container_entry.records import RankRecord, read_json
 from container_entry.stopping import Stop
 from container_entry.torchrun import MODULE
-from container_entry.worker import CONTROL_ENV, write_all
+from container_entry.worker import CONTROL_ENV, STOP_FILE, write_all
 
 POLL_SECONDS = 0.1
-NCCL_DUMP_SECONDS = 3.0
 CONTROL_ROOT = Path(tempfile.gettempdir()) / "container-entry"
 
 
@@ -65,7 +61,11 @@ def control_dir(name: str) -> Path:
     return path
 
 
-TORCHRUN_EXIT_SECONDS = 10.0  # after the ranks are gone, for torchrun to finish
+# Once its ranks are gone torchrun has nothing left to do but wait at its exit barrier, in a
+# store call that no Python signal handler interrupts until the store answers (up to 300 s:
+# measured, a SIGTERM to a process in TCPStore.wait is handled only when the wait times out).
+# So it gets this long after its SIGTERM, then SIGKILL.
+TORCHRUN_EXIT_SECONDS = 1.0
 
 
 def children(pid: int) -> list[int]:
@@ -79,7 +79,7 @@ def children(pid: int) -> list[int]:
 
 
 def _exited(pid: int) -> bool:
-    """Gone, or a zombie its frozen parent has not reaped."""
+    """Gone, or a zombie its parent has not reaped yet."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
@@ -101,8 +101,12 @@ def child_environment(
 
 
 def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> subprocess.Popen:
-    """torchrun as a plain process, its stderr ours to pump (TorchrunOutput)."""
-    return subprocess.Popen(list(argv), env=dict(env), cwd=cwd, stderr=subprocess.PIPE)
+    """torchrun as a plain process in a process group of its own (a signal to ours, a
+    terminal's Ctrl-C, never reaches it: only the bootstrap signals it), its stderr ours to
+    pump (TorchrunOutput)."""
+    return subprocess.Popen(
+        list(argv), env=dict(env), cwd=cwd, stderr=subprocess.PIPE, process_group=0
+    )
 
 
 # torchrun's interpreter, started early: it imports torch's launcher (most of its start-up),
@@ -110,8 +114,14 @@ def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> subprocess.P
 # as `python -m torch.distributed.run` would. EOF without a launch (the bootstrap failed, was
 # stopped, or died before it): exit quietly.
 _PRESTART = """
-import json, os, sys
+import ctypes, json, os, sys
 pipe = int(sys.argv[1])
+try:  # PR_SET_PDEATHSIG: in a group of its own, so nothing else ends it with the bootstrap
+    ctypes.CDLL(None, use_errno=True).prctl(1, 9)
+except (OSError, AttributeError):
+    pass
+if os.getppid() != int(sys.argv[2]):  # the bootstrap died before that took
+    sys.exit(0)
 if sys.path and sys.path[0] == "":  # -c's own folder: nothing is imported from the bootstrap's
     del sys.path[0]
 import torch.distributed.run as run
@@ -144,10 +154,11 @@ class Prestarted:
         read, self._pipe = os.pipe()
         try:
             self.process: subprocess.Popen | None = subprocess.Popen(
-                [python, "-c", _PRESTART, str(read)],
+                [python, "-c", _PRESTART, str(read), str(os.getpid())],
                 env=dict(env),
                 stderr=subprocess.PIPE,
                 pass_fds=(read,),
+                process_group=0,  # as spawn(): only the bootstrap signals torchrun
             )
         except OSError:  # no such Python: the launch reports it as it always has
             self.process = None
@@ -191,7 +202,7 @@ class Prestarted:
 def prepare_run_dir(run_dir: Path) -> None:
     """Our own records only: remove a previous run's rank files in this tree, nothing else."""
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    for pattern in ("rank-*.json", "logs/rank-*.log", "stacks/rank-*.txt"):
+    for pattern in ("rank-*.json", "logs/rank-*.log", "stacks/rank-*.txt", "flight-recorder/*"):
         for stale in run_dir.glob(pattern):
             stale.unlink(missing_ok=True)
 
@@ -202,8 +213,9 @@ def tidy_run_dir(run_dir: Path) -> None:
         with contextlib.suppress(OSError):
             if path.stat().st_size == 0:
                 path.unlink()
-    with contextlib.suppress(OSError):
-        (run_dir / "stacks").rmdir()  # only when empty
+    for folder in ("stacks", flight_recorder.FOLDER):
+        with contextlib.suppress(OSError):
+            (run_dir / folder).rmdir()  # only when empty
 
 
 class Workers:
@@ -345,8 +357,12 @@ class Supervisor:
         member: Member | None,
         stop: Stop,
         prestarted: Prestarted | None = None,
+        peers_running: Callable[[], bool] | None = None,
     ) -> None:
         self.plan = plan
+        # the master's: whether another host's bootstrap still runs its ranks (this torchrun
+        # hosts the store they may still poll)
+        self.peers_running = peers_running
         self.prestarted = prestarted
         self.environ = environ
         self.run_dir = run_dir
@@ -359,7 +375,8 @@ class Supervisor:
         self.control = control_dir("job")
         self.workers = Workers(self.control)
         self.signalled: set[int] = set()  # worker groups (wrapper pids) the bootstrap stopped
-        self.frozen = False  # torchrun held with SIGSTOP while the bootstrap delivers a stop
+        self.stopping = False  # delivering a stop: until every rank is gone or the grace ends
+        self.waiting_for_peers = False
         self.output = TorchrunOutput(f"[{plan.topology.current_host} rank ".encode())
         self.hang_timeout = self.settings.hang_timeout
         self.activity: Activity | None = None
@@ -442,7 +459,7 @@ class Supervisor:
                     if deadline is None:
                         deadline = self._decide_teardown(process, now)
                         self.output.quiet = deadline is not None
-                    elif self.frozen:
+                    elif self.stopping:
                         deadline = self._deliver_stop(process, now, deadline)
                     elif now >= deadline:
                         self._force(process)
@@ -452,9 +469,6 @@ class Supervisor:
         finally:
             if self.member:
                 self.member.idle = None
-            if self.frozen:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(process.pid, signal.SIGCONT)
             self.workers.signal(signal.SIGKILL)  # nothing outlives the launcher
             if process.poll() is None:
                 process.kill()
@@ -468,17 +482,28 @@ class Supervisor:
         self.observed.torchrun_tail = list(output.tail)
 
     def _force(self, process: subprocess.Popen) -> None:
-        log("grace period over: recording stacks, killing the remaining workers")
-        self.workers.capture_stacks()
-        self.observed.forced_kill = True
-        self.workers.signal(signal.SIGKILL)
+        """The teardown's deadline passed: kill what is left. Ranks still running then are
+        the news (stacks first); torchrun slow to exit after its ranks is not."""
+        if children(process.pid):
+            log("grace period over: recording stacks, killing the remaining workers")
+            self.workers.capture_stacks()
+            self.observed.forced_kill = True
+        self._kill_workers(process)
         process.kill()
 
+    def _kill_workers(self, process: subprocess.Popen) -> None:
+        """SIGKILL every worker group: those announced by pid file and torchrun's children
+        (a wrapper killed before it wrote its pid file)."""
+        self.workers.signal(signal.SIGKILL)
+        for wrapper in children(process.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(wrapper, signal.SIGKILL)
+
     def _deliver_stop(self, process: subprocess.Popen, now: float, deadline: float) -> float:
-        """The bootstrap's own stop delivery (torchrun frozen, so it starts no worker and its set
-        of workers is final): every worker group gets the signal at once, a wrapper that had not
-        started its script yet never starts it; once every worker has exited, or the grace is
-        over, release torchrun."""
+        """The stop, step by step: every worker group torchrun has gets the signal once (a
+        wrapper it starts later finds the stop file and runs nothing); once they are all gone,
+        or the grace is over, torchrun is ended. On the master torchrun hosts the job's store,
+        so it waits, within the grace, until the other hosts' ranks are gone too."""
         self.observed.launched |= set(self.workers.refresh())
         sig = signal.Signals[self.observed.stop_signal or "SIGTERM"]
         running = children(process.pid)
@@ -487,21 +512,20 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(wrapper, sig)
                 self.signalled.add(wrapper)
-        ended = not running
-        if not ended and now < deadline:
+        if running and now < deadline:
             return deadline
-        if not ended:
-            log("grace period over: recording stacks, killing the remaining workers")
-            self.workers.capture_stacks()
-            self.observed.forced_kill = True
-            self.workers.signal(signal.SIGKILL)
-            for wrapper in running:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(wrapper, signal.SIGKILL)
-        self.frozen = False
+        if running:
+            self._force(process)
+            self.stopping = False
+            return now + TORCHRUN_EXIT_SECONDS
+        if self.peers_running is not None and now < deadline and self.peers_running():
+            if not self.waiting_for_peers:
+                log("this host's ranks exited; keeping the job's store up for the other hosts")
+                self.waiting_for_peers = True
+            return deadline
+        self.stopping = False
         with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)  # pending until it runs again: handled first
-            os.kill(process.pid, signal.SIGCONT)
+            process.send_signal(signal.SIGTERM)  # no worker left: it only ends
         return now + TORCHRUN_EXIT_SECONDS
 
     def _decide_teardown(self, process: subprocess.Popen, now: float) -> float | None:
@@ -511,13 +535,9 @@ class Supervisor:
             grace = self.settings.stop_grace_period
             self.observed.grace = grace
             log(f"received {self.stop.signal}: stopping every rank (grace period {grace:g} s)")
-            if self.plan.stop_delivery == "torchrun":
-                # torchrun signals each worker's process group once, at once, then waits its
-                # --shutdown-timeout (our grace period) before SIGKILL
-                process.send_signal(signal.Signals[self.stop.signal])
-                return now + grace + 5
-            os.kill(process.pid, signal.SIGSTOP)
-            self.frozen = True
+            with contextlib.suppress(OSError):  # before any signal: no new worker runs anything
+                (self.control / STOP_FILE).write_text(self.stop.signal)
+            self.stopping = True
             return self._deliver_stop(process, now, now + grace)
         grace = self.settings.failure_grace_period
         if self.observed.first_failure:
@@ -556,13 +576,13 @@ class Supervisor:
 
     def _stop_hung(self, process: subprocess.Popen, now: float) -> float:
         """Where every rank is stuck, for the failure file, before the teardown: Python stacks
-        (faulthandler dumps even while the main thread waits in native code) and, on NCCL
-        hosts, the flight recorder's record of the collectives each rank was in."""
+        (faulthandler dumps even while the main thread waits in native code) and each rank's
+        flight-recorder records of its collectives (NCCL's and gloo's), awaited until complete
+        (bounded) before any rank is stopped."""
         assert self.observed.hung is not None
         log(f"{self.observed.hung.what}: recording stacks, stopping this host's workers")
         self.workers.capture_stacks(wait=1.0)
-        if request_nccl_dumps(self.effective(NCCL_PIPE_ENV)):
-            time.sleep(NCCL_DUMP_SECONDS)  # torch's monitor thread looks at its pipe each second
+        flight_recorder.collect(self.control, self.run_dir, self.workers.refresh())
         self.observed.grace = grace = self.settings.failure_grace_period
         process.send_signal(signal.SIGTERM)
         return now + grace

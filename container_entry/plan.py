@@ -64,7 +64,6 @@ class Plan:
     backend: str
     num_gpus: int
     torch_version: str | None
-    stop_delivery: str  # who gives the ranks their stop grace: "torchrun" or "bootstrap"
     program: str | None  # None: no entry script named
     code: CodeSource
     user_args: tuple[str, ...]
@@ -133,11 +132,6 @@ class Plan:
         topology = self.topology
         env_names = " ".join(sorted(k for k in self.env if not k.startswith("SM_")))
         sm_count = sum(1 for k in self.env if k.startswith("SM_"))
-        stop = (
-            "torchrun --shutdown-timeout"
-            if self.stop_delivery == "torchrun"
-            else "delivered by the bootstrap (this torchrun kills 30 s after a stop)"
-        )
         lines = [
             f"mode        {topology.source}",
             f"hosts       {len(topology.hosts)}: {', '.join(topology.hosts)}",
@@ -145,7 +139,8 @@ class Plan:
             f"master      {self.master_addr}:{self.master_port} "
             f"(coordination :{self.coordination_port})",
             f"workers     {self.nproc_per_node} per host ({self.nproc_source}), {self.backend}",
-            f"torch       {self.torch_version or 'not installed'}; stop grace {stop}",
+            f"torch       {self.torch_version or 'not installed'}; a stop reaches the ranks "
+            f"from the bootstrap ({self.settings.stop_grace_period:g} s grace)",
             f"code        {self.command[0]} ({self.code.kind}: {self.code.location})",
             f"arguments   {' '.join(self.command[1:]) or '-'}",
             f"env added   {sm_count} SM_* + {env_names or '-'}",
@@ -310,6 +305,8 @@ def build_plan(env: Environment) -> Plan:
     restarts = _pet_int(env.environ, "PET_MAX_RESTARTS", knobs.max_restarts, 0, 10**6)
     # PET_NPROC_PER_NODE, when set, drops this flag and torchrun reads the user's value itself
     size = {"nnodes": str(len(topology.hosts)), "nproc-per-node": nproc}
+    # the bootstrap delivers a stop itself (launch.py); should anything else signal torchrun,
+    # a torchrun that can be told so gives the ranks the same grace
     stop = (
         {"shutdown-timeout": str(int(knobs.stop_grace_period))}
         if launcher.handles_stop_grace
@@ -367,7 +364,6 @@ def build_plan(env: Environment) -> Plan:
         libfabric_version=env.libfabric_version,
         kernel_release=env.kernel_release,
         shm_bytes=env.shm_bytes,
-        temp_dir=env.temp_dir,
     )
     for name, (value, reason) in defaults.env.items():
         wanted[name] = EnvVar(value, reason)
@@ -401,7 +397,6 @@ def build_plan(env: Environment) -> Plan:
         backend="nccl" if gpu.count else "gloo",
         num_gpus=gpu.count,
         torch_version=env.torch_version,
-        stop_delivery="torchrun" if launcher.handles_stop_grace else "bootstrap",
         program=program,
         code=code,
         user_args=tuple(user_args),

@@ -12,9 +12,12 @@ What it adds that torchrun's own `--log-dir/--tee/--local-ranks-filter` cannot:
 - stacks on demand (SIGUSR2, through _site/sitecustomize.py in the script's own Python).
 Stdlib only: it starts in milliseconds.
 
-Stop signals: torchrun (or the bootstrap) signals each worker's process group, which holds this
-wrapper and the script alike, so the wrapper does not forward them (that would deliver them
-twice); it only records that a stop was requested and waits for the script to finish.
+Stop signals: the bootstrap signals each worker's process group, which holds this wrapper and the
+script alike, so the wrapper does not forward them (that would deliver them twice); it records
+that a stop was requested, waits for the script to finish and then exits 0 whatever the script's
+status (kept in the record): torchrun must see no failed worker during a stop, or it would
+signal the other ranks again, kill them 30 s later (before torch 2.12) or restart the group. A
+wrapper that torchrun starts after the stop (the bootstrap's STOP_FILE exists) runs nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from container_entry import flight_recorder
 from container_entry.hang import report_progress
 from container_entry.masking import Masker
 from container_entry.records import RankRecord, write_json
@@ -365,9 +369,37 @@ def _keep_alive(done: threading.Event) -> None:
 
 # in the control folder (one per job and host): a rank of this host passed / failed the preflight
 PREFLIGHT_PASSED, PREFLIGHT_FAILED = "preflight-passed", "preflight-failed"
+STOP_FILE = "stop"  # written by the bootstrap before it signals the workers of a stop
+
+
+ORPHAN_SIGNAL = signal.SIGRTMIN + 3  # PR_SET_PDEATHSIG: the kernel's word that torchrun died
+_PR_SET_PDEATHSIG = 1
+
+
+def end_with_parent() -> None:
+    """Outside a container nothing ends a rank whose bootstrap was SIGKILLed (torchrun then dies
+    with it, by its own PR_SET_PDEATHSIG; its workers run in sessions of their own): the kernel
+    signals this wrapper when its parent dies, and the wrapper kills its process group, which
+    holds the script. A real-time signal nobody else sends, and only acted on once the parent
+    really changed (the kernel also sends it when the thread that started us ends)."""
+    parent = os.getppid()
+
+    def orphaned(_signum: int, _frame: object) -> None:
+        if os.getppid() != parent:
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    signal.signal(ORPHAN_SIGNAL, orphaned)
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(ORPHAN_SIGNAL))
+    except (OSError, AttributeError):
+        return
+    orphaned(ORPHAN_SIGNAL, None)  # it died before that took
 
 
 def main(argv: list[str]) -> int:
+    end_with_parent()
     control = Path(os.environ.get(CONTROL_ENV) or ".")
     try:
         job: dict[str, Any] = json.loads((control / "command.json").read_text(encoding="utf-8"))
@@ -391,6 +423,7 @@ def main(argv: list[str]) -> int:
     # it; ours then runs theirs
     env[STACKS_ENV] = str(run_dir / "stacks" / f"rank-{rank}.txt")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SITE_DIR, env.get("PYTHONPATH")) if p)
+    env.update(flight_recorder.listen(control, run_dir, rank))
     env.pop(CONTROL_ENV, None)
     program = [sys.executable, "-u", *command] if script.endswith(".py") else command
 
@@ -402,6 +435,13 @@ def main(argv: list[str]) -> int:
 
     for sig in STOP_SIGNALS:
         signal.signal(sig, note_stop)
+
+    def stopping() -> bool:
+        """A stop was signalled to this rank, or came before torchrun started it."""
+        if not stop and (control / STOP_FILE).exists():
+            stop.setdefault("signal", "SIGTERM")
+            stop.setdefault("at", time.time())
+        return bool(stop)
 
     started = time.time()
     log_path = run_dir / "logs" / f"rank-{rank}.log"
@@ -419,7 +459,7 @@ def main(argv: list[str]) -> int:
             Relay(1 if console else None, log, prefix, masker, False, atomic_size(1)),
             Relay(err if console else None, log, prefix, masker, True, atomic_size(err)),
         ]
-        if stop:
+        if stopping():
             return 128 + signal.Signals[stop["signal"]], None, relays
         try:
             child = subprocess.Popen(
@@ -453,7 +493,7 @@ def main(argv: list[str]) -> int:
     preflight = job.get("preflight")
     if preflight and (control / PREFLIGHT_FAILED).exists():
         os.close(log)
-        return 1
+        return 0 if stopping() else 1
     if preflight and not (control / PREFLIGHT_PASSED).exists():
         # the preflight has its own deadline: while it runs it is never a hang (HANG_TIMEOUT)
         checking = threading.Event()
@@ -473,6 +513,7 @@ def main(argv: list[str]) -> int:
     os.close(log)
 
     lines = relays[1].tail_lines()
+    stopped = stopping()
     record = RankRecord(
         host=host,
         rank=rank,
@@ -493,6 +534,8 @@ def main(argv: list[str]) -> int:
         log=str(log_path),
     )
     write_json(run_dir / f"rank-{rank}.json", record.to_json())
+    if stopped:  # torchrun must not take this for a failure (the record has the status)
+        return 0
     if status < 0:  # die the same way so torchrun reports the real signal
         signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)

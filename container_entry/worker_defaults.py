@@ -112,47 +112,41 @@ def threads(
 
 
 def flight_recorder(
-    torch_version: str | None, run_dir: str, temp_dir: str = "/tmp"
+    torch_version: str | None, run_dir: str, gpu: bool = True
 ) -> dict[str, tuple[str, str]]:
-    """Only the flight-recorder variables that change something in this torch, under the
-    names it reads."""
+    """Only the flight-recorder variables that change something in this torch, under the one
+    name it reads without a deprecation warning (torch 2.11 warns at every process group's start
+    about each legacy TORCH_NCCL_* name it finds). The recorder holds each rank's collectives
+    for the hang report (flight_recorder.py asks every rank for them); torch 2.9+ records gloo's
+    too, so CPU hosts get the ring buffer; the dump torch writes by itself on a collective
+    timeout is NCCL's only."""
     release = version_tuple(torch_version)
     if release is None:
         return {}
     short = release[:2]
     label = f"torch {release[0]}.{release[1]}"
+    modern = short >= FR_NAMES_SINCE
     env: dict[str, tuple[str, str]] = {}
-    if short < FR_BUFFER_DEFAULT_ON:
-        name = "TORCH_FR_BUFFER_SIZE" if short >= FR_NAMES_SINCE else "TORCH_NCCL_TRACE_BUFFER_SIZE"
+    if short < FR_BUFFER_DEFAULT_ON and (gpu or modern):
+        name = "TORCH_FR_BUFFER_SIZE" if modern else "TORCH_NCCL_TRACE_BUFFER_SIZE"
         env[name] = (
             "2000",
-            f"NCCL flight recorder on: {label} records no collectives by default "
+            f"flight recorder on: {label} records no collectives by default "
             "(its ring buffer defaults to 0)",
         )
+    if not gpu:
+        return env
     if short < DUMP_ON_TIMEOUT_DEFAULT_ON:
         env["TORCH_NCCL_DUMP_ON_TIMEOUT"] = (
             "1",
             f"flight recorder dump when a collective hangs (off by default in {label})",
         )
-    modern = short >= FR_NAMES_SINCE
     name = "TORCH_FR_DUMP_TEMP_FILE" if modern else "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
     env[name] = (
         f"{run_dir}/nccl_trace_rank_",
-        f"flight recorder dumps kept with the job's output (read by {label} under this name)",
+        "NCCL's own dump on a collective timeout kept with the job's output "
+        f"(read by {label} under this name)",
     )
-    env["TORCH_NCCL_DEBUG_INFO_PIPE_FILE"] = (
-        f"{temp_dir}/container-entry/nccl-dump-rank-",
-        "named pipe per rank through which the hang watchdog asks the flight recorder for a "
-        "dump (the folder is the launcher's, created before any rank starts)",
-    )
-    # torch creates that pipe only when a ring-buffer variable is set (it reads it with a
-    # default of 0, whatever the recorder's own default): set it where the release has it on
-    names = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE") if modern else ()
-    for name in names:
-        env.setdefault(
-            name,
-            ("2000", f"{label}'s own ring-buffer size, set so that the dump pipe is created"),
-        )
     return env
 
 
@@ -223,7 +217,6 @@ def worker_env(
     libfabric_version: str | None = None,
     kernel_release: str | None = None,
     shm_bytes: int | None = None,
-    temp_dir: str = "/tmp",
 ) -> Defaults:
     """The workers' defaults: name -> (value, reason), the user's aliases that replaced one,
     and warnings for the plan."""
@@ -259,7 +252,6 @@ def worker_env(
                 else " (as the incumbent sets it)"
             ),
         )
-        env.update(flight_recorder(torch_version, run_dir, temp_dir))
         preset, efa_warnings = efa_preset(
             efa_devices=efa_devices,
             ofi_nccl_version=ofi_nccl_version,
@@ -272,6 +264,7 @@ def worker_env(
     else:
         for name, value in CPU_DDP_ENV.items():
             env[name] = (value, "no GPU: HF Trainer/Accelerate run DDP on gloo")
+    env.update(flight_recorder(torch_version, run_dir, gpu=bool(gpu_count)))
     shm = shm_warning(shm_bytes)
     if shm:
         warnings.append(shm)

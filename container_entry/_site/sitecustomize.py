@@ -1,7 +1,18 @@
-"""Loaded only in the workers' own Python (the worker wrapper appends this folder to their
-PYTHONPATH): registers faulthandler on SIGUSR2 so the launcher can record every thread's stack
-before it tears a rank down, without any change to the user's script. Chains to the next
-sitecustomize on sys.path, if the image has one."""
+"""Loaded only in the workers' own Python (the worker wrapper puts this folder first on their
+PYTHONPATH), with no change to the user's script:
+
+- faulthandler on SIGUSR2, so the launcher can record every thread's stack before it tears a
+  rank down (`container-entry stacks` uses it too);
+- a flight-recorder dump on request: a daemon thread blocked on the rank's request FIFO (it costs
+  nothing until asked) writes torch's collective records as JSON, atomically, when the launcher
+  writes a byte there. A thread, not a signal handler: a rank that hangs sits in a collective's
+  C++ wait, where no Python signal handler runs, but a thread gets the GIL (the wait releases
+  it). Both NCCL's recorder and the generic one (gloo, torch 2.8+) are asked; torch is never
+  imported here (only a script that imported it has records).
+
+Chains to the next sitecustomize on sys.path, if the image has one. The variables are removed,
+so a Python the script starts does not take them over.
+"""
 
 import faulthandler
 import importlib.machinery
@@ -17,6 +28,66 @@ if _path:
         faulthandler.register(signal.SIGUSR2, file=_file, all_threads=True, chain=False)
     except (OSError, RuntimeError, ValueError):
         pass
+
+
+def _flight_records() -> dict:
+    """What torch's flight recorders hold now, by recorder, as parsed JSON."""
+    import json  # only when asked: nothing more at every start
+    import time
+
+    found: dict = {"pid": os.getpid(), "time": time.time(), "recorders": {}, "errors": {}}
+    torch = sys.modules.get("torch")
+    c10d = getattr(getattr(torch, "_C", None), "_distributed_c10d", None)
+    if c10d is None:
+        found["errors"]["torch"] = "torch.distributed was never imported by this process"
+        return found
+    cuda = getattr(torch, "cuda", None)
+    dumps = [("generic", "_dump_fr_trace_json")]
+    # NCCL's own recorder only where CUDA is up: asking must never create a CUDA context
+    if cuda is not None and cuda.is_initialized():
+        dumps.insert(0, ("nccl", "_dump_nccl_trace_json"))
+    for name, function in dumps:
+        dump = getattr(c10d, function, None)
+        if dump is None:
+            continue
+        try:
+            raw = dump()
+            found["recorders"][name] = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
+        except Exception as error:  # a recorder that cannot be read: say why, keep the others
+            found["errors"][name] = f"{type(error).__name__}: {error}"
+    return found
+
+
+def _serve_dumps(request: str, target: str) -> None:
+    import json
+
+    while True:
+        try:
+            with open(request, "rb") as fifo:  # blocks until the launcher asks
+                fifo.read()
+        except OSError:
+            return
+        try:
+            records = _flight_records()
+        except Exception as error:  # never take the rank down
+            records = {"pid": os.getpid(), "errors": {"dump": f"{type(error).__name__}: {error}"}}
+        try:
+            temporary = f"{target}.{os.getpid()}.tmp"
+            with open(temporary, "w", encoding="utf-8") as handle:
+                json.dump(records, handle, default=str)
+            os.replace(temporary, target)  # the launcher waits for the name: complete or absent
+        except OSError:
+            pass
+
+
+_request = os.environ.pop("_CONTAINER_ENTRY_DUMP_REQUEST", "")
+_target = os.environ.pop("_CONTAINER_ENTRY_DUMP_FILE", "")
+if _request and _target:
+    import threading
+
+    threading.Thread(
+        target=_serve_dumps, args=(_request, _target), daemon=True, name="container-entry-fr"
+    ).start()
 
 _here = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.machinery.PathFinder.find_spec(

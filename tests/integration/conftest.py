@@ -109,3 +109,20 @@ def run(argv: list[str], env: dict[str, str], timeout: float = 240) -> subproces
     return subprocess.run(
         argv, env=env, capture_output=True, text=True, timeout=timeout, cwd="/", check=False
     )
+
+
+def torch_metadata(folder: Path, version: str) -> Path:
+    """A torch-<version>.dist-info on PYTHONPATH in front of the real torch: the bootstrap then
+    plans for that release while the installed launcher runs. "2.9.0" stands in for the
+    default base's torchrun, which has no --shutdown-timeout (the bootstrap delivers a stop)."""
+    from importlib.metadata import distribution
+
+    info = folder / f"torch-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n")
+    # the first torch on the path is the one whose entry points count: torch >= 2.12 finds its
+    # own gloo backend through them
+    entry_points = distribution("torch").read_text("entry_points.txt")
+    if entry_points:
+        (info / "entry_points.txt").write_text(entry_points)
+    return folder

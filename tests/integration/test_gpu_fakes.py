@@ -128,19 +128,27 @@ def test_a_slow_preflight_is_no_hang_and_the_script_gets_its_own_start_up(tmp_pa
     assert "probe rank 1/2 host algo-1 sum " in done.stdout  # the script ran after it
 
 
-def test_preflight_passes_on_cpu_with_bus_bandwidth(tmp_path):
+@pytest.mark.parametrize("workers", [2, 1])
+def test_preflight_passes_on_cpu_with_bus_bandwidth(tmp_path, workers):
+    """A world of 2 prints its latency and bus bandwidth; a world of 1 has no link to time and
+    says what it checked instead (an H200 alone printed '15201.31 GB/s' for a no-op)."""
     tree = make_tree(tmp_path)
     env = bootstrap_env(
         tree,
         SAGEMAKER_PROGRAM="ddp_probe.py",
-        PET_NPROC_PER_NODE="2",
+        PET_NPROC_PER_NODE=str(workers),
         CONTAINER_ENTRY_PREFLIGHT="true",
     )
     done = run(bootstrap_argv(), env, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
     output = done.stdout + done.stderr
-    assert "preflight ok on algo-1: 2 workers, 0 GPUs, all_reduce latency" in output
-    assert "bus bandwidth" in output and "(8 MiB, world 2)" in output
+    if workers == 2:
+        assert "preflight ok on algo-1: 2 workers, 0 GPUs, all_reduce latency" in output
+        assert "bus bandwidth" in output and "(8 MiB, world 2)" in output
+    else:
+        line = next(x for x in output.splitlines() if "preflight ok on algo-1" in x)
+        assert "1 workers, 0 GPUs, all_reduce result checked (world 1: no link" in line, line
+        assert "bandwidth" not in line.split("no link")[0] and "GB/s" not in line, line
 
 
 def test_gpu_check_with_the_real_torch_of_this_venv():

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.integration.conftest import REPO, make_tree, with_hosts_file
+from tests.integration.conftest import REPO, control_dir, make_tree, with_hosts_file
 from tests.integration.test_faults import alive, finish, first_line, start, worker_pids
 
 PROBE = REPO / "tests" / "scripts" / "hang_probe.py"
@@ -33,7 +33,8 @@ def _failure(tree) -> str:
 def test_a_hung_rank_ends_the_job_naming_where_each_rank_was(tmp_path, mode, stuck_in):
     tree = make_tree(tmp_path, script=None)
     started = time.monotonic()
-    returncode, _, err = finish(_start(tree, {"mode": mode}), timeout=120)
+    process = _start(tree, {"mode": mode})
+    returncode, _, err = finish(process, timeout=120)
     elapsed = time.monotonic() - started
     assert returncode == 124, err[-3000:]
     assert first_line(tree) == f"hung: no output from any rank for {TIMEOUT} s"
@@ -42,6 +43,21 @@ def test_a_hung_rank_ends_the_job_naming_where_each_rank_was(tmp_path, mode, stu
     assert "rank 0 was at fault_probe.py:" in text, text  # the one waiting for it, too
     assert elapsed < TIMEOUT + 40, elapsed
     assert not any(alive(pid) for pid in worker_pids(tree))
+    # every rank's flight recorder, asked before the teardown and complete (gloo's records)
+    dumps = tree.output / "data" / "container-entry" / "flight-recorder"
+    entries = {}
+    for rank in (0, 1):
+        dump = json.loads((dumps / f"rank-{rank}.json").read_text())
+        assert not dump["errors"], dump["errors"]
+        entries[rank] = dump["recorders"]["generic"]["entries"]
+    names = [e["profiling_name"] for e in entries[0]]
+    assert "gloo:barrier" in names, names
+    if mode == "collective":  # rank 0 waits in the all_reduce rank 1 never entered
+        waiting = [e for e in entries[0] if e["profiling_name"] == "gloo:all_reduce"]
+        assert waiting and not waiting[-1]["retired"], entries[0]
+        assert "gloo:all_reduce" not in [e["profiling_name"] for e in entries[1]]
+    # the request FIFOs went with the launcher's control folder
+    assert not control_dir(process.pid).exists()
 
 
 @pytest.mark.parametrize(

@@ -4,14 +4,21 @@
 records when it got the signal, optionally writes a checkpoint (--checkpoint-on-term) that takes
 --term-work-seconds to save (a slow checkpoint: longer than torchrun's fixed 30 s before 2.12) or
 ignores the signal (--ignore-term) to test the grace period.
+
+--poll-store models what NCCL does and gloo does not: a thread that polls the job's store (the
+default process group's, hosted by torchrun) until the process exits, which the exit then waits
+for (ProcessGroupNCCL's destructor joins its heartbeat monitor, which sits in TCPStore::check).
+A rank whose store host is frozen never gets past that join.
 """
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
 import signal
 import sys
+import threading
 import time
 
 import torch
@@ -26,12 +33,35 @@ parser.add_argument("--step-seconds", type=float, default=0.5)
 parser.add_argument("--checkpoint-on-term", action="store_true")
 parser.add_argument("--term-work-seconds", type=float, default=0.0)
 parser.add_argument("--ignore-term", action="store_true")
+parser.add_argument("--poll-store", action="store_true")
 args, _ = parser.parse_known_args()
 
 out = os.environ["SM_OUTPUT_DATA_DIR"]
 checkpoints = os.path.join(os.path.dirname(os.environ["SM_MODEL_DIR"]), "checkpoints")
 dist.init_process_group("gloo")
 rank = dist.get_rank()
+exiting = threading.Event()
+heartbeat = None
+if args.poll_store:
+    store = dist.distributed_c10d._get_default_store()
+
+    def poll() -> None:
+        while not exiting.is_set():
+            # a store that is gone answers at once with an error: the loop goes on to its end
+            with contextlib.suppress(Exception):
+                store.check(["heartbeat-probe"])
+            time.sleep(0.1)
+
+    heartbeat = threading.Thread(target=poll, name="pt_nccl_heartbt-model")
+    heartbeat.start()
+
+
+def leave(code: int) -> None:
+    """Exit as a rank with NCCL does: the heartbeat thread joined first."""
+    if heartbeat is not None:
+        exiting.set()
+        heartbeat.join()
+    sys.exit(code)
 
 
 def on_term(signum, _frame):
@@ -48,7 +78,7 @@ def on_term(signum, _frame):
         global sleeping_through
         sleeping_through = True
         return
-    sys.exit(128 + signum)
+    leave(128 + signum)
 
 
 signal.signal(signal.SIGTERM, on_term)
@@ -75,3 +105,4 @@ while step < args.steps:
         time.sleep(0.05)
 dist.destroy_process_group()
 print(f"done rank {rank}", flush=True)
+leave(0)

@@ -24,7 +24,6 @@ from container_entry.hang import (
     hung_text,
     is_hang,
     report_progress,
-    request_nccl_dumps,
 )
 from container_entry.records import RankRecord
 from tests.unit.test_coordination import FAST, free_port, join_all
@@ -141,25 +140,6 @@ def test_off_by_default_whatever_the_silence():
     finally:
         m.close()
         coordinator.close()
-
-
-def test_a_dump_request_reaches_each_rank_s_pipe_and_skips_a_pipe_nobody_reads(tmp_path):
-    stem = str(tmp_path / "nccl-dump-rank-")
-    read: dict[int, bytes] = {}
-    readers = []
-    for rank in (0, 1):  # as torch's monitor thread: mkfifo, open for reading, non-blocking
-        path = f"{stem}{rank}.pipe"
-        os.mkfifo(path)
-        readers.append((rank, os.open(path, os.O_RDONLY | os.O_NONBLOCK)))
-    os.mkfifo(f"{stem}7.pipe")  # a rank that is gone: no reader
-    (tmp_path / "nccl-dump-rank-3.txt").write_text("not a pipe")
-    assert request_nccl_dumps(stem) == 2
-    for rank, fd in readers:
-        read[rank] = os.read(fd, 128)
-        os.close(fd)
-    assert all(read.values())
-    assert request_nccl_dumps(None) == 0
-    assert request_nccl_dumps(str(tmp_path / "missing" / "x-")) == 0
 
 
 @pytest.mark.parametrize("raw", ["-1", "nan", "inf", "soon"])

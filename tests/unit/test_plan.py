@@ -293,7 +293,6 @@ def test_plan_json_has_the_documented_keys():
         "env",
         "hyperparameters",
         "torch_version",
-        "stop_delivery",
         "problems",
     ):
         assert key in data

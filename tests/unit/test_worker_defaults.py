@@ -211,34 +211,39 @@ def test_async_error_handling_is_left_to_torch():
         assert not {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_ASYNC_ERROR_HANDLING"} & set(env)
 
 
-PIPE = ("TORCH_NCCL_DEBUG_INFO_PIPE_FILE",)  # the hang watchdog's dump request
-BUFFERS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
-
-
 @pytest.mark.parametrize(
-    ("version", "expected"),
+    ("version", "gpu", "expected"),
     [
         # 2.5: TORCH_NCCL_* names only; ring buffer 0, no dump on timeout by default
         (
             "2.5.1",
+            True,
             {
                 "TORCH_NCCL_TRACE_BUFFER_SIZE",
                 "TORCH_NCCL_DUMP_ON_TIMEOUT",
                 "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
-                *PIPE,
             },
         ),
-        # 2.9.0 (the default DLC): FlightRecorder reads TORCH_FR_BUFFER_SIZE first, default 0
-        ("2.9.0+cu130", {"TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE", *PIPE, *BUFFERS}),
-        # 2.13+: the ring buffer defaults to 2000; the dump location changes something, and
-        # the buffer variables are set (to that same size) only so that the dump pipe exists
-        ("2.13.0", {"TORCH_FR_DUMP_TEMP_FILE", *PIPE, *BUFFERS}),
-        ("2.15.0", {"TORCH_FR_DUMP_TEMP_FILE", *PIPE, *BUFFERS}),
-        (None, set()),
+        ("2.5.1", False, set()),  # gloo is not recorded before 2.9
+        # 2.9.0 (the default DLC): FlightRecorder reads TORCH_FR_BUFFER_SIZE first, default 0;
+        # the legacy TORCH_NCCL_TRACE_BUFFER_SIZE draws a warning from torch 2.11 on
+        ("2.9.0+cu130", True, {"TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE"}),
+        ("2.9.0", False, {"TORCH_FR_BUFFER_SIZE"}),  # gloo's collectives recorded too
+        ("2.11.0", True, {"TORCH_FR_BUFFER_SIZE", "TORCH_FR_DUMP_TEMP_FILE"}),
+        # 2.13+: the ring buffer defaults to 2000; only the dump location changes something
+        ("2.13.0", True, {"TORCH_FR_DUMP_TEMP_FILE"}),
+        ("2.15.0", True, {"TORCH_FR_DUMP_TEMP_FILE"}),
+        ("2.15.0", False, set()),
+        (None, True, set()),
     ],
 )
-def test_flight_recorder_only_what_changes_something(version, expected):
-    assert set(flight_recorder(version, "/run")) == expected
+def test_flight_recorder_only_what_changes_something(version, gpu, expected):
+    env = flight_recorder(version, "/run", gpu=gpu)
+    assert set(env) == expected
+    # never a name torch 2.11+ calls deprecated, never the debug-info pipe (not used)
+    if (version_tuple(version) or (0,)) >= (2, 9):
+        assert not {n for n in env if n.startswith("TORCH_NCCL_")}
+    assert "TORCH_NCCL_DEBUG_INFO_PIPE_FILE" not in env
 
 
 def test_flight_recorder_aliases_are_user_values():
@@ -260,7 +265,8 @@ def test_nccl_diagnostics_and_host_identity_on_gpu_hosts_only():
     assert gpu["TORCH_FR_DUMP_TEMP_FILE"].value.startswith("/opt/ml/output/data/container-entry/")
     cpu = build_plan(make_env()).env
     cpu_nccl = {n for n in cpu if n.startswith(("NCCL_", "TORCH_NCCL", "TORCH_FR"))}
-    assert cpu_nccl == {"NCCL_SOCKET_IFNAME"}  # from resourceconfig, as before
+    # from resourceconfig, as before; and gloo's collectives recorded (torch 2.9 by default)
+    assert cpu_nccl == {"NCCL_SOCKET_IFNAME", "TORCH_FR_BUFFER_SIZE"}
 
 
 def test_socket_interface_only_when_it_exists_here():
