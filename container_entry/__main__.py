@@ -2,6 +2,6 @@
 
 import sys
 
-from container_entry.cli import main
+from container_entry.cli import console_main
 
-sys.exit(main())
+sys.exit(console_main())

@@ -3,20 +3,24 @@
 `container-entry` is the image's ENTRYPOINT: no arguments or `train` starts training (what
 SageMaker and SDK v3 local mode run), `plan` prints the plan, any other command (`bash`,
 `python -c ...`) is exec'd unchanged, as the DLC's entrypoint does. No traceback ever reaches
-the user: an unexpected exception becomes one line, a failure file and exit code 70.
+the user: an unexpected exception becomes one line, a failure file and exit code 70; a stop
+(SIGINT, SIGTERM, SIGHUP) from the first line of this module on is a stopped job (128+N).
+What the bootstrap prints is valid UTF-8 whatever names it holds (errors.ESCAPE).
 """
 
 from __future__ import annotations
 
+# Few imports up front: the console scripts (`console_main`, `train_main`) and `python -m`
+# (__main__.py) note the stop signals first thing (stopping.record_early), so a stop in the
+# first moments of the container is neither a KeyboardInterrupt traceback nor lost (as PID 1, a
+# signal without a handler is ignored). Everything else is imported where it is used.
 import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
 
-# Only the stop handler is imported up front: `train` installs it before anything else loads,
-# so a stop in the first moments of the container is not lost (as PID 1, a signal without a
-# handler is ignored). Everything else is imported where it is used.
-from container_entry.errors import StopRequested
+from container_entry import stopping
+from container_entry.errors import ESCAPE, StopRequested, escaped
 from container_entry.stopping import Stop
 
 USAGE = """usage: container-entry [train [SCRIPT [ARGS...]] | plan [SCRIPT [ARGS...]]
@@ -65,50 +69,81 @@ def _internal_error(command: str, error: BaseException) -> int:
 
     from container_entry.environment import base_dir_from
     from container_entry.failure import INTERNAL_EXIT_CODE, Outcome
-    from container_entry.logs import log
+    from container_entry.logs import log, redact
     from container_entry.plan import run_dir
 
     environ = dict(os.environ)
-    what = f"internal error: {type(error).__name__}: {error}"
+    what = f"internal error: {type(error).__name__}: {escaped(str(error))}"
     folder = run_dir(base_dir_from(environ))
     path = folder / f"internal-error-{int(time.time())}.txt"
     with contextlib.suppress(OSError):
         folder.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(traceback.format_exception(error)))
-    log(f"{what} (a defect of container-entry; traceback in {path})")
+        text = redact("".join(traceback.format_exception(error)))  # uploaded with the output
+        path.write_text(text, encoding="utf-8", errors=ESCAPE)
+    shown = escaped(str(path))
+    log(f"{what} (a defect of container-entry; traceback in {shown})")
     if command == "train":
-        Outcome(base_dir_from(environ)).failure(what, [f"traceback: {path}"])
+        Outcome(base_dir_from(environ)).failure(what, [f"traceback: {shown}"])
     return INTERNAL_EXIT_CODE
 
 
-def _guarded(command: str, run: Callable[[Sequence[str]], int], args: Sequence[str]) -> int:
+def _stopped(stop: StopRequested) -> int:
+    """A stop before train() could take over its own reporting: one line, a failure file."""
+    from container_entry.environment import base_dir_from
+    from container_entry.failure import Outcome
+
+    print(f"[container-entry] {stop}", file=sys.stderr, flush=True)
+    Outcome(base_dir_from(os.environ)).failure(f"StopRequested: {stop}")
+    return stop.exit_code
+
+
+def _guarded(
+    command: str,
+    run: Callable[[Sequence[str]], int],
+    args: Sequence[str],
+    stop: Stop | None = None,
+) -> int:
     try:
         return run(args)
-    except StopRequested as stop:  # before train() could take over its own reporting
-        from container_entry.environment import base_dir_from
-        from container_entry.failure import Outcome
-
-        print(f"[container-entry] {stop}", file=sys.stderr, flush=True)
-        Outcome(base_dir_from(os.environ)).failure(f"StopRequested: {stop}")
-        return stop.exit_code
-    except (KeyboardInterrupt, SystemExit):
+    except StopRequested as stopped:
+        if stop is not None:
+            stop.raising = False  # a second signal must not interrupt the report
+        return _stopped(stopped)
+    except KeyboardInterrupt:  # SIGINT under Python's own handler (not `train`'s)
+        if stop is None:
+            raise
+        stop.raising = False
+        return _stopped(StopRequested("stopped by SIGINT before the workers started", "SIGINT"))
+    except SystemExit:
         raise
     except BaseException as error:
+        if stop is not None:
+            stop.raising = False
         return _internal_error(command, error)
+
+
+def _safe_output() -> None:
+    """stdout and stderr never fail on a name that is not UTF-8: `\\xNN` instead."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError, OSError):
+            stream.reconfigure(errors=ESCAPE)  # type: ignore[union-attr]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    _safe_output()
     if not args or args[0] == "train":
         stop = Stop()
-        stop.install()
 
         def train(cli_args: Sequence[str]) -> int:
+            stop.install()  # takes over from record_early: a stop noted there raises here
+            stop.check()
             from container_entry.job import train
 
             return train(cli_args, stop)
 
-        return _guarded("train", train, args[1:])
+        return _guarded("train", train, args[1:], stop)
+    stopping.release_early()  # not training: the stop signals as they were
     if args[0] == "plan":
         return _guarded("plan", plan_command, args[1:])
     if args[0] == "stacks":
@@ -127,6 +162,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 127
 
 
+def console_main() -> int:
+    """The `container-entry` console script, the image's entrypoint."""
+    stopping.record_early()
+    return main()
+
+
 def train_main() -> int:
     """The `train` console script: what SageMaker runs."""
+    stopping.record_early()
     return main(["train", *sys.argv[1:]])

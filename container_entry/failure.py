@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import re
-import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from container_entry.environment import read_shm_bytes
-from container_entry.errors import STOPPED_EXIT_CODE
+from container_entry.errors import ESCAPE, escaped, signal_name, stopped_exit_code
 from container_entry.hang import HUNG_EXIT_CODE
 from container_entry.logs import MASKER, log, redact
 from container_entry.plan import run_dir
@@ -46,12 +45,10 @@ class Observed:
 
 
 def describe_exit(code: int) -> str:
-    """'exit code 3' or 'signal SIGKILL' for a negative (killed) return code."""
+    """'exit code 3' or 'signal SIGKILL' for a negative (killed) return code; a real-time
+    signal as 'signal SIGRTMIN+2' (errors.signal_name)."""
     if code < 0:
-        try:
-            return f"signal {signal.Signals(-code).name}"
-        except ValueError:
-            return f"signal {-code}"
+        return f"signal {signal_name(-code)}"
     return f"exit code {code}"
 
 
@@ -248,7 +245,7 @@ def stack_lines(run_dir: Path) -> list[str]:
             continue
         frame = where(text)
         if frame:
-            lines.append(f"  {path.stem.replace('-', ' ')} was at {frame} ({path})")
+            lines.append(f"  {path.stem.replace('-', ' ')} was at {frame} ({escaped(str(path))})")
     return lines
 
 
@@ -292,6 +289,8 @@ def _stopped(run: Observed, host: str) -> str:
         )
     elif run.forced_kill:
         text += f"the {run.grace:g} s grace period ran out and the rest was killed"
+    elif not run.launched and not run.results:  # no rank announced itself or left a record
+        text += "the stop came before any rank started"
     elif exited and len(exited) == total:
         text += f"all {total} local ranks exited within {slowest:.1f} s"
     else:
@@ -314,7 +313,9 @@ def _torchrun_failed(run: Observed, host: str) -> tuple[int, str]:
     useful = [
         line.strip()
         for line in run.torchrun_tail
-        if line.strip() and not line.lstrip().startswith(("usage:", "[-"))
+        if line.strip()
+        and not line.lstrip().startswith(("usage:", "[-"))
+        and line.strip().strip("=-")  # the borders of torchrun's report say nothing
     ]
     tail = " | ".join(useful[-3:])
     return container_exit_code(run.returncode), (
@@ -323,27 +324,39 @@ def _torchrun_failed(run: Observed, host: str) -> tuple[int, str]:
     )
 
 
+def words(record: RankRecord, restarts: int = 0) -> str:
+    """A failure in the failure file's words: as its own host put them (`summary`, which
+    every host of the job then writes alike), else from the record."""
+    if record.summary:
+        return record.summary
+    return f"{_preflight(record)}{describe_rank(record, restarts > 0)}"
+
+
+def summarized(record: RankRecord, restarts: int = 0) -> RankRecord:
+    """The record with its words, before it is posted to the other hosts."""
+    return replace(record, summary=record.summary or words(record, restarts))
+
+
 def _preflight(record: RankRecord) -> str:
     return "preflight failed, the script did not start: " if record.stage == "preflight" else ""
 
 
 def verdict(run: Observed, host: str, run_dir: Path) -> Verdict:
     """From what the supervisor saw to an exit code and a failure text."""
-    logs = f"per-rank logs and records: {run_dir}"
+    logs = f"per-rank logs and records: {escaped(str(run_dir))}"
     failed = sorted((r for r in run.results.values() if r.failed), key=lambda r: r.rank or 0)
     details = [f"  {describe_rank(r)}" for r in failed] + stack_lines(run_dir) + [logs]
     if run.stop_signal:  # what torchrun returned after being ended says nothing here
         if _finished_before_stop(run):
             return Verdict(0, "", [])
-        return Verdict(STOPPED_EXIT_CODE, _stopped(run, host), details)
+        return Verdict(stopped_exit_code(run.stop_signal), _stopped(run, host), details)
     if run.hung is not None:  # first line exactly the verdict; then where each rank was
         return Verdict(HUNG_EXIT_CODE, run.hung.what or "hung", [*stack_lines(run_dir), logs])
     if run.first_failure:
         first = run.first_failure
         return Verdict(
             container_exit_code(first.returncode),
-            f"{_preflight(first)}{describe_rank(first, run.restarts > 0)} "
-            f"[first failure, seen on {host}]",
+            f"{words(first, run.restarts)} [first failure]",
             details,
         )
     if run.lost_master is not None:
@@ -357,8 +370,7 @@ def verdict(run: Observed, host: str, run_dir: Path) -> Verdict:
         remote = run.remote_failure
         return Verdict(
             container_exit_code(remote.returncode or 1),
-            f"{_preflight(remote)}{describe_rank(remote)} [first failure; {host} stopped because "
-            "of it]",
+            f"{words(remote, run.restarts)} [first failure]",
             details,
         )
     if run.returncode:
@@ -380,9 +392,9 @@ class Outcome:
         try:
             path = self.output / name
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(redact(text), encoding="utf-8")
+            path.write_text(redact(text), encoding="utf-8", errors=ESCAPE)
         except OSError as error:
-            log(f"cannot write {self.output / name}: {error.strerror}")
+            log(f"cannot write {escaped(str(self.output / name))}: {error.strerror}")
 
     def success(self) -> None:
         self._write("success", "")
@@ -395,7 +407,7 @@ class Outcome:
         path = self.output / "failure"
         try:
             if path.stat().st_mtime >= self.started:
-                log(f"keeping the failure file the script wrote: {path}")
+                log(f"keeping the failure file the script wrote: {escaped(str(path))}")
                 return
         except OSError:
             pass

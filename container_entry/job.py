@@ -9,8 +9,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from container_entry import network, user_code
-from container_entry.coordination import JOIN_VERDICT_GRACE, Coordinator, Member, PeerFailure
-from container_entry.environment import base_dir_from, read_environment
+from container_entry.coordination import (
+    JOIN_VERDICT_GRACE,
+    Coordinator,
+    Member,
+    PeerFailure,
+    job_key,
+)
+from container_entry.environment import Environment, base_dir_from, read_environment
+from container_entry.environment import read_json as read_config
 from container_entry.errors import (
     BootstrapError,
     CodeError,
@@ -18,7 +25,7 @@ from container_entry.errors import (
     DeviceError,
     NetworkError,
 )
-from container_entry.failure import Observed, Outcome, verdict
+from container_entry.failure import Observed, Outcome, summarized, verdict
 from container_entry.launch import Prestarted, Supervisor, child_environment
 from container_entry.logs import log, register_secrets
 from container_entry.plan import Plan, build_plan, run_dir
@@ -26,22 +33,63 @@ from container_entry.preflight import check_visible_gpus
 from container_entry.records import RankRecord
 from container_entry.stopping import Stop
 
+# for the master's word on which failure was the job's first: it answers a post within a round
+# trip, and this host's own teardown took longer than that already
+FIRST_FAILURE_WAIT = 2.0
+
 
 def resolve(cli_args: Sequence[str], environ: Mapping[str, str] | None = None) -> Plan:
     """Environment -> plan, with every secret the plan found registered for masking."""
-    plan = build_plan(read_environment(environ, cli_args=cli_args))
+    return _resolve(cli_args, environ)[0]
+
+
+def _resolve(
+    cli_args: Sequence[str], environ: Mapping[str, str] | None
+) -> tuple[Plan, Environment]:
+    env = read_environment(environ, cli_args=cli_args)
+    plan = build_plan(env)
     register_secrets(plan.secrets)
-    return plan
+    return plan, env
+
+
+def side_channel_key(env: Environment) -> bytes:
+    """The key every host of this job derives alike for the side channel (coordination)."""
+    return job_key(env.environ, env.resource_config, env.hyperparameters, env.input_data_config)
+
+
+def _key_from_files(base: Path, environ: Mapping[str, str]) -> bytes:
+    """The same key, for a Job made without one: from the config files themselves."""
+    config = base / "input" / "config"
+
+    def load(name: str) -> dict | None:
+        path = config / name
+        return read_config(path) if path.exists() else None
+
+    return job_key(
+        environ,
+        load("resourceconfig.json"),
+        load("hyperparameters.json") or {},
+        load("inputdataconfig.json") or {},
+    )
 
 
 class Job:
     """Join the others, prepare, launch, report."""
 
-    def __init__(self, plan: Plan, environ: Mapping[str, str], base: Path, stop: Stop) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        environ: Mapping[str, str],
+        base: Path,
+        stop: Stop,
+        *,
+        key: bytes | None = None,
+    ) -> None:
         self.plan = plan
         self.environ = environ
         self.base = base
         self.stop = stop
+        self.key = key  # the side channel's (side_channel_key); None: derived when needed
         self.run_dir = run_dir(base)
         self.coordinator: Coordinator | None = None
         self.member: Member | None = None
@@ -69,11 +117,20 @@ class Job:
             network.wait_for_hosts(names, plan.settings.host_wait_timeout)
         if not plan.coordinated:
             return
+        if self.key is None:
+            self.key = _key_from_files(self.base, self.environ)
         master = topology.node_rank == 0
         if master:
             network.check_port_free(plan.master_port, "master")
+            # only the job's hosts take part: a proven join, from an address of the host it
+            # names (looked up as long as this host waits for names), checked before anything
             coordinator = self.coordinator = Coordinator(
-                topology.hosts, plan.coordination_port, hang_timeout=plan.settings.hang_timeout
+                topology.hosts,
+                plan.coordination_port,
+                hang_timeout=plan.settings.hang_timeout,
+                key=self.key,
+                resolve=network.addresses,
+                address_wait=plan.settings.host_wait_timeout,
             )
             # the master still reports a peer whose name never resolves (exit 3), but looks up
             # only the names of hosts that have not joined yet (a host that joined needs no
@@ -96,6 +153,7 @@ class Job:
             plan.coordination_port,
             machine=plan.boot_id,
             workers=plan.workers,
+            key=self.key,
         )
         timeout = plan.settings.join_timeout
         try:
@@ -103,9 +161,14 @@ class Job:
             self.member.join(timeout, verdict_grace=0.0 if master else JOIN_VERDICT_GRACE)
         except PeerFailure:
             raise
-        except NetworkError:
+        except NetworkError as error:
+            if self.member.refused and self.coordinator:  # the master's own host: tell the rest
+                here = topology.current_host
+                what = f"{type(error).__name__}: {error}"
+                self.coordinator.post(RankRecord(host=here, rank=None, returncode=3, what=what))
+                raise
             missing = self.coordinator.missing() if self.coordinator else []
-            if missing:
+            if missing and not self.member.refused:  # refused: its own words say why
                 text = f"host(s) {', '.join(missing)} never joined the job within {timeout:g} s"
                 self.post_failure(
                     f"{text} (the master {topology.current_host} gave up waiting)",
@@ -184,6 +247,7 @@ class Job:
                 peers_running=peers_running,
             )
         )
+        self._agree_on_first_failure(run)
         result = verdict(run, plan.topology.current_host, self.run_dir)
         if result.exit_code == 0:
             log("training finished: all workers exited 0")
@@ -191,14 +255,30 @@ class Job:
             self.succeeded = True
         else:
             log(f"failed: {result.reason}")
-            if run.first_failure and self.member:  # the rank's own record, as the monitor posts
-                self.member.post_failure(run.first_failure)
             self.post_failure(result.reason, result.exit_code)  # unless posted already
             ranks = {str(rank): record.to_json() for rank, record in sorted(run.results.items())}
             outcome.failure(
                 result.reason, result.details, {"reason": result.reason, "ranks": ranks}
             )
         return result.exit_code
+
+    def _agree_on_first_failure(self, run: Observed) -> None:
+        """Several hosts: the job has one first failure, and the master decides which (two
+        ranks failing on two hosts within milliseconds each looks first from its own host).
+        This host posts its own earliest failure, unless it ended after another host's was
+        heard of (then it is likely a consequence), and writes what the master decided."""
+        member = self.member
+        if member is None or member.lost_master or not (run.first_failure or run.remote_failure):
+            return
+        own = [r for r in run.results.values() if r.failed and not r.stop_signal]
+        if own:
+            earliest = min(own, key=lambda r: r.ended_at or float("inf"))
+            member.post_failure(summarized(earliest, self.plan.max_restarts))
+        first = member.first_failure(FIRST_FAILURE_WAIT)
+        if first is None:
+            return
+        mine = first.host == self.plan.topology.current_host and first.rank in run.results
+        run.first_failure, run.remote_failure = (first, None) if mine else (None, first)
 
     def post_failure(self, what: str, exit_code: int) -> None:
         """Tell the other hosts why this one cannot go on: a bootstrap error, or the final
@@ -229,7 +309,7 @@ def train(cli_args: Sequence[str], stop: Stop) -> int:
     outcome = Outcome(base_dir_from(environ))
     job: Job | None = None
     try:
-        plan = resolve(cli_args, environ)
+        plan, env = _resolve(cli_args, environ)
         if plan.settings.dry_run:
             print(plan.to_json(), flush=True)
             return 2 if plan.problems else 0
@@ -238,8 +318,9 @@ def train(cli_args: Sequence[str], stop: Stop) -> int:
                 DeviceError if plan.gpu_problem else CodeError if plan.program else ConfigError
             )
             raise error_type("; ".join(plan.problems))
+        key = side_channel_key(env) if plan.coordinated else None  # a short secret: exit 2
         log("plan\n" + plan.summary())
-        job = Job(plan, environ, base_dir_from(environ), stop)
+        job = Job(plan, environ, base_dir_from(environ), stop, key=key)
         return job.execute(outcome)
     except (BootstrapError, OSError) as error:
         stop.raising = False  # a stop now must not interrupt the report

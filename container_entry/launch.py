@@ -35,7 +35,7 @@ from pathlib import Path
 
 from container_entry import flight_recorder
 from container_entry.coordination import Member
-from container_entry.failure import USAGE_ERROR, Observed, permanent
+from container_entry.failure import USAGE_ERROR, Observed, permanent, summarized
 from container_entry.hang import HUNG_EXIT_CODE, PROGRESS_ENV, Activity, hung_text, is_hang
 from container_entry.logs import log
 from container_entry.plan import Plan
@@ -43,7 +43,7 @@ from container_entry.preflight import EXPECTED_GPUS_ENV
 from container_entry.records import RankRecord, read_json
 from container_entry.stopping import Stop
 from container_entry.torchrun import MODULE
-from container_entry.worker import CONTROL_ENV, STOP_FILE, write_all
+from container_entry.worker import CONTROL_ENV, STOP_FILE, locked_write, write_all
 
 POLL_SECONDS = 0.1
 CONTROL_ROOT = Path(tempfile.gettempdir()) / "container-entry"
@@ -277,15 +277,37 @@ class TorchrunOutput:
     they inherit. The workers' relayed lines do not come this way: each worker writes them
     straight to our own stderr (`worker_stderr`), so they take no second hop through this
     pump; only where that cannot be opened do they arrive here, tagged with this host's
-    prefix, and go on to our stderr at once. torchrun's own lines are kept for the failure
-    report and shown too, except once the bootstrap is tearing the job down: then they are
-    only torchrun acknowledging our own signal (a SignalException traceback)."""
+    prefix, and go on to our stderr at once.
+
+    Every line is masked (the bootstrap's masker, every registered secret in every form)
+    before it is printed or kept: torchrun prints a failed rank's error file, which holds the
+    traceback that torch's `@record` wrote, secrets and all. torchrun's own lines are kept for
+    the failure report (`tail`) and shown too, except:
+    - its failure report (the `ChildFailedError` traceback and the `====` block with the
+      root cause, and its "no error file defined for parent" line): the rank's own lines and
+      the failure file already say it; it is kept in `tail`, not shown;
+    - argparse's usage block before `run.py: error: ...` (the verdict names it in one line);
+    - anything once the bootstrap is tearing the job down (`quiet`): then it is only torchrun
+      acknowledging our own signal (a SignalException traceback).
+    A traceback of torchrun's is held until its exception line says whether it is the
+    failure report; any other (a rendezvous or store error) is shown whole."""
+
+    TRACEBACK = b"Traceback (most recent call last):"
+    CHILD_FAILED = b"ChildFailedError"  # torch.distributed.elastic.multiprocessing.errors
+    NO_PARENT_FILE = b"no error file defined for parent"  # @record on torchrun's own main
 
     def __init__(self, own_prefix: bytes) -> None:
+        from container_entry.logs import MASKER  # every secret the plan registered
+
         self.own = own_prefix
+        self.masker = MASKER
         self.tail: deque[str] = deque(maxlen=40)
         self.quiet = False  # set by the monitor when it starts a teardown
         self.usage: list[bytes] | None = None  # an argparse usage block being held back
+        self.held: list[bytes] | None = None  # a traceback of torchrun's, until its exception
+        # inside the failure report: b"" until its opening border, then that border (the
+        # report ends at the same line); None outside it
+        self.report: bytes | None = None
 
     @staticmethod
     def worker_stderr() -> str | None:
@@ -303,14 +325,43 @@ class TorchrunOutput:
             return None
         return f"/proc/{os.getpid()}/fd/2"
 
+    @classmethod
+    def _failure_report(cls, line: bytes) -> bool:
+        """The exception line of torchrun's failure report: `torch...errors.ChildFailedError: `."""
+        name = line.split(b":", 1)[0].strip()
+        return not line[:1].isspace() and name.rsplit(b".", 1)[-1] == cls.CHILD_FAILED
+
+    def _report_line(self, line: bytes) -> bool:
+        """Whether `line` belongs to the failure report's `====` block (hidden)."""
+        stripped = line.strip()
+        border = bool(stripped) and not stripped.strip(b"=")
+        if self.report == b"":  # just after the ChildFailedError line: its opening border
+            self.report = stripped if border else None
+            return border
+        if border and stripped == self.report:
+            self.report = None
+        return True
+
     def _shown(self, lines: list[bytes]) -> list[bytes]:
-        """The lines to print now. torchrun rejecting its command line prints argparse's usage
-        block and `run.py: error: ...`: that is held back and dropped (the verdict names it in
-        one line); a usage block that does not end in an error is shown after all."""
+        """The lines to print now (masked already)."""
         shown: list[bytes] = []
         for line in lines:
             if line.startswith(self.own):
-                shown.append(line)
+                shown.append(line)  # a rank's line: always
+            elif self.report is not None and self._report_line(line):
+                continue
+            elif self.held is not None:
+                if not line.strip() or line[:1].isspace():
+                    self.held.append(line)  # frames and source lines are indented
+                elif self._failure_report(line):
+                    self.held, self.report = None, b""
+                else:  # another exception: torchrun's own error, shown whole
+                    shown += [] if self.quiet else [*self.held, line]
+                    self.held = None
+            elif line.startswith(self.TRACEBACK):
+                self.held = [line]
+            elif self.NO_PARENT_FILE in line:
+                continue
             elif self.usage is not None:
                 if USAGE_ERROR.match(line.decode("utf-8", "replace").strip()):
                     self.usage = None  # usage and error: reported by the verdict instead
@@ -326,26 +377,38 @@ class TorchrunOutput:
                 shown.append(line)
         return shown
 
+    def _masked_lines(self, data: bytes) -> list[bytes]:
+        lines = self.masker.data(data).split(b"\n")
+        return lines[:-1] if not lines[-1] else lines
+
+    def _emit(self, lines: list[bytes]) -> None:
+        shown = self._shown(lines)
+        if shown:
+            with contextlib.suppress(OSError):
+                locked_write(2, b"\n".join(shown) + b"\n")
+        self.tail.extend(
+            line.decode("utf-8", "replace") for line in lines if not line.startswith(self.own)
+        )
+
     def pump(self, process: subprocess.Popen) -> None:
         assert process.stderr is not None
         fd = process.stderr.fileno()
         pending = b""
         while chunk := os.read(fd, 65536):
-            lines = (pending + chunk).split(b"\n")
-            pending = lines.pop()
-            shown = self._shown(lines)
-            if shown:
-                with contextlib.suppress(BrokenPipeError):
-                    write_all(2, b"\n".join(shown) + b"\n")
-            self.tail.extend(
-                line.decode("utf-8", "replace") for line in lines if not line.startswith(self.own)
-            )
-        shown = self._shown([pending] if pending else []) + (self.usage or [])
-        if shown:
-            with contextlib.suppress(BrokenPipeError):
-                write_all(2, b"\n".join(shown) + b"\n")
-        if pending and not pending.startswith(self.own):
-            self.tail.append(pending.decode("utf-8", "replace"))
+            data = pending + chunk
+            cut = data.rfind(b"\n") + 1
+            held = self.masker.held(data[:cut]) if cut else 0
+            if held:  # the first lines of a multi-line secret, maybe: wait for the rest
+                cut = data.rfind(b"\n", 0, cut - held) + 1
+            pending = data[cut:]
+            if cut:  # whole lines, masked together: a secret may span lines
+                self._emit(self._masked_lines(data[:cut]))
+        if pending:  # a last line without its end, or lines held back for a secret's rest
+            self._emit(self._masked_lines(pending))
+        rest = (self.usage or []) + ([] if self.quiet else self.held or [])
+        if rest:  # a usage block without its error, a traceback cut short: shown after all
+            with contextlib.suppress(OSError):
+                locked_write(2, b"\n".join(rest) + b"\n")
 
 
 class Supervisor:
@@ -547,7 +610,7 @@ class Supervisor:
                 "workers and telling the other hosts"
             )
             if self.member:
-                self.member.post_failure(failure)
+                self.member.post_failure(summarized(failure, self.restarts))
             self.workers.capture_stacks()
             self.observed.grace = grace
             process.send_signal(signal.SIGTERM)

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Iterable
 
 from container_entry.masking import Masker
 
 PREFIX = "[container-entry]"
-MASKER = Masker()  # every secret the plan found; applied to each line and file we write
+# every secret the plan found, in every form it is shown in (masking.encoded_forms): applied to
+# each line and file we write and to torchrun's output (launch.TorchrunOutput)
+MASKER = Masker()
 
 
 def register_secrets(values: Iterable[str]) -> None:
-    """Remember credential values so no line or file of the bootstrap ever shows them."""
+    """Remember credential values so no line or file of the bootstrap ever shows them, in any
+    form: as they are, JSON-escaped (SM_HPS, ...), as Python writes them, shell-quoted."""
     MASKER.add(values)
 
 
@@ -21,5 +25,15 @@ def redact(text: str) -> str:
 
 
 def log(message: str) -> None:
-    for line in redact(message).splitlines() or [""]:
-        print(f"{PREFIX} {line}", file=sys.stderr, flush=True)
+    """Each line prefixed, masked, and written in one batch under the console's lock, so it
+    never lands inside a rank's line longer than a pipe takes at once (worker.locked_write)."""
+    from container_entry.errors import encoded
+    from container_entry.worker import locked_write
+
+    text = "".join(f"{PREFIX} {line}\n" for line in redact(message).splitlines() or [""])
+    if sys.stderr is not sys.__stderr__:  # replaced (a test's capture): no console to share
+        print(text, end="", file=sys.stderr, flush=True)
+        return
+    with contextlib.suppress(OSError, ValueError):  # a console nobody reads: the failure file
+        sys.stderr.flush()  # still says it
+        locked_write(2, encoded(text))

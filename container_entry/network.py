@@ -26,6 +26,11 @@ def name_resolves(host: str) -> bool:
     return True
 
 
+def addresses(host: str) -> frozenset[str]:
+    """Every address `host` resolves to (all families); OSError when it does not resolve."""
+    return frozenset(str(info[4][0]) for info in socket.getaddrinfo(host, None))
+
+
 def backoff(attempt: int, cap: float, first: float = FIRST_RETRY) -> float:
     """Seconds before retry number `attempt` (0 for the first): `first`, doubled each time, at
     most `cap`. A name or port that appears a moment after the first try (hosts start within

@@ -226,6 +226,11 @@ def _nproc(environ: Mapping[str, str], gpu: gpus.GpuCount) -> tuple[str, str]:
     return raw, "PET_NPROC_PER_NODE"
 
 
+def _size(text: str) -> int:
+    """Bytes of `text` as the kernel gets it (an undecodable byte is one byte, as it came)."""
+    return len(text.encode("utf-8", "surrogateescape"))
+
+
 def _oversized(
     environ: Mapping[str, str], command: Sequence[str], arg_max: int, user: Mapping[str, Any]
 ) -> str | None:
@@ -233,8 +238,8 @@ def _oversized(
     kernel's E2BIG), naming the variable or argument; None when they can."""
     biggest = max(user, key=lambda k: len(str(user[k])), default=None)
     culprit = (
-        f" (hyperparameter {biggest!r} is {len(str(user[biggest]).encode()):,} bytes)"
-        if biggest is not None and len(str(user[biggest]).encode()) > MAX_ARG_STRLEN // 4
+        f" (hyperparameter {biggest!r} is {_size(str(user[biggest])):,} bytes)"
+        if biggest is not None and _size(str(user[biggest])) > MAX_ARG_STRLEN // 4
         else ""
     )
     for name, value in environ.items():

@@ -7,6 +7,7 @@ the first failure, and turned into the failure file's lines. Stdlib only (the wo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -34,6 +35,11 @@ class RankRecord:
     log: str | None = None
     what: str | None = None  # a failure that is no rank's: what happened, in words
     stage: str | None = None  # "preflight": the preflight failed, the script never started
+    # the failure file's words for it, as its own host put them (with what only that host's
+    # rank log shows): every host writes the job's first failure in these same words
+    summary: str | None = None
+    log_error: str | None = None  # the rank log stopped (a full disk): where and why
+    console_error: str | None = None  # the console stopped taking this rank's lines: why
 
     @property
     def failed(self) -> bool:
@@ -45,7 +51,8 @@ class RankRecord:
     def relayed(self) -> dict[str, Any]:
         """What another host needs to name this failure (no logs, no tail)."""
         data = self.to_json()
-        for name in ("stderr_tail", "log", "started_at", "stop_requested_at"):
+        local = ("stderr_tail", "log", "started_at", "stop_requested_at")
+        for name in (*local, "log_error", "console_error"):
             data.pop(name)
         return data
 
@@ -56,10 +63,17 @@ class RankRecord:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    """Atomically: a reader never sees half a record."""
+    """Atomically: a reader never sees half a record. ASCII JSON (a name that is not UTF-8 is an
+    escape in it, never an encoding error); a write that fails (a full disk) leaves nothing
+    behind and raises OSError."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(data, indent=1))
-    temporary.replace(path)
+    try:
+        temporary.write_text(json.dumps(data, indent=1, ensure_ascii=True), encoding="ascii")
+        temporary.replace(path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
 
 
 def read_json(path: Path) -> dict[str, Any] | None:

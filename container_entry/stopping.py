@@ -6,6 +6,12 @@ the workers start it also raises StopRequested, so a stop ends the host wait, th
 requirements install at once (as PID 1 in a container an unhandled SIGTERM is ignored, and the
 job would only end at SageMaker's SIGKILL). It never takes a lock: a handler that set a
 threading.Event while the main thread was inside that Event's wait deadlocked.
+
+The first moments: Python itself turns SIGINT into KeyboardInterrupt wherever the main thread
+is, and SIGTERM/SIGHUP kill a process without a handler (outside a container). So the
+bootstrap's very first line of code (`container_entry.cli`, before it imports anything else)
+calls `record_early`, whose handler only notes the signal; `Stop.install` takes it over, and the
+training command then ends as a stopped job (128+N, a failure file) instead of a traceback.
 """
 
 from __future__ import annotations
@@ -16,11 +22,49 @@ import select
 import signal
 import time
 from collections.abc import Iterator
-from typing import Any
 
-from container_entry.errors import StopRequested
+from container_entry.errors import StopRequested, signal_name
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+# (no `typing` import: this module loads before the first line of the bootstrap that counts)
+_early: dict[str, object] = {}  # the first stop signal that `record_early`'s handler saw
+_early_previous: dict[int, object] = {}  # the handlers it replaced
+
+
+def _note_early(signum: int, _frame: object) -> None:
+    if not _early:
+        _early.update(signal=signal_name(signum), number=signum, at=time.time())
+
+
+def record_early() -> None:
+    """Catch the stop signals at once, before anything else is imported: only noted, never
+    raised (a KeyboardInterrupt inside an import would be a traceback). `Stop.install` takes
+    over what was noted; `release_early` hands it back to a command that does not train.
+
+    Then they are unblocked: a container entry point that starts the bootstrap with them
+    blocked (`env --block-signal=INT,TERM,HUP container-entry`) leaves no moment at all in
+    which a stop is lost or a KeyboardInterrupt (Python's own start-up before this line, its
+    site and runpy imports, takes tens of milliseconds): one that came meanwhile is pending,
+    and noted now."""
+    for sig in STOP_SIGNALS:
+        with contextlib.suppress(ValueError, OSError):  # not the main thread: nothing to do
+            _early_previous.setdefault(sig, signal.signal(sig, _note_early))
+    with contextlib.suppress(ValueError, OSError):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def release_early() -> None:
+    """For a command other than `train`: the handlers as they were (SIGINT is Python's
+    KeyboardInterrupt again), and a signal that came meanwhile delivered again under them."""
+    for sig, previous in _early_previous.items():
+        with contextlib.suppress(ValueError, OSError, TypeError):
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+    _early_previous.clear()
+    if _early:
+        number = _early["number"]
+        _early.clear()
+        signal.raise_signal(number)
 
 
 class Stop:
@@ -31,21 +75,40 @@ class Stop:
         self._read, self._write = os.pipe()
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
-        self._previous: dict[int, Any] = {}
+        self._previous: dict[int, object] = {}
 
     def install(self) -> None:
         for sig in STOP_SIGNALS:
-            self._previous.setdefault(sig, signal.signal(sig, self._handle))
+            previous = signal.signal(sig, self._handle)
+            if previous is _note_early:  # the early recorder's: the handler before it
+                previous = _early_previous.get(sig, signal.SIG_DFL)
+            self._previous.setdefault(sig, previous)
+        _early_previous.clear()
+        if _early and self.signal is None:  # a stop came before this handler was installed
+            self.signal, self.at = _early["signal"], _early["at"]
+            with contextlib.suppress(OSError):
+                os.write(self._write, b"\0")
+        _early.clear()
+
+    def check(self) -> None:
+        """Raise StopRequested for a stop that came before `install` (its handler could not)."""
+        if self.signal is not None and self.raising:
+            raise self._stopped()
+
+    def _stopped(self) -> StopRequested:
+        return StopRequested(
+            f"stopped by {self.signal} before the workers started", self.signal or "SIGTERM"
+        )
 
     def _handle(self, signum: int, _frame: object) -> None:
         first = self.signal is None
         if first:
-            self.signal = signal.Signals(signum).name
+            self.signal = signal_name(signum)
             self.at = time.time()
         with contextlib.suppress(OSError):
             os.write(self._write, b"\0")
         if first and self.raising:
-            raise StopRequested(f"stopped by {self.signal} before the workers started")
+            raise self._stopped()
 
     @contextlib.contextmanager
     def wakes_on_child_exit(self) -> Iterator[None]:
@@ -76,4 +139,4 @@ class Stop:
 def _late_stop(signum: int, _frame: object) -> None:
     from container_entry.logs import log
 
-    log(f"received {signal.Signals(signum).name} after the workers finished: finishing up")
+    log(f"received {signal_name(signum)} after the workers finished: finishing up")

@@ -12,7 +12,7 @@ import zlib
 from pathlib import Path
 from urllib.parse import urlparse
 
-from container_entry.errors import CodeError
+from container_entry.errors import CodeError, escaped, quoted
 from container_entry.logs import log
 from container_entry.plan import Plan
 
@@ -31,13 +31,14 @@ def _safe_extract(archive: Path, target: Path) -> None:
                     member.name = member.name.lstrip("/")  # as the filter: kept, inside
                     problem = _refused(member, target)
                     if problem:
-                        raise CodeError(f"{archive}: member {member.name!r} is refused: {problem}")
+                        name = quoted(member.name)
+                        raise CodeError(f"{archive}: member {name} is refused: {problem}")
                 tar.extractall(target)
     except tarfile.TarError as error:
         if not isinstance(error, getattr(tarfile, "FilterError", ())):
             raise _unreadable(archive, error) from None
         name = error.tarinfo.name if error.tarinfo else "?"
-        raise CodeError(f"{archive}: member {name!r} is refused: {error}") from None
+        raise CodeError(f"{archive}: member {quoted(name)} is refused: {error}") from None
     except (OSError, EOFError, zlib.error) as error:
         raise _unreadable(archive, error) from None
 
@@ -58,7 +59,7 @@ def _refused(member: tarfile.TarInfo, target: Path) -> str | None:
     if member.issym() or member.islnk():
         link = ((path.parent if member.issym() else root) / member.linkname).resolve()
         if member.linkname.startswith("/") or not link.is_relative_to(root):
-            return f"its link target {member.linkname!r} is outside the code directory"
+            return f"its link target {quoted(member.linkname)} is outside the code directory"
     return None
 
 
@@ -92,12 +93,14 @@ def prepare(plan: Plan, environ: dict[str, str]) -> Path:
         _safe_extract(Path(source.location), code_dir)
     script = Path(plan.command[0])
     if not script.is_file():
-        where = f"{code_dir}" + (f" (from {source.location})" if source.kind != "directory" else "")
-        try:
-            found = ", ".join(sorted(os.listdir(code_dir))[:10]) or "empty"
+        where = escaped(str(code_dir))
+        if source.kind != "directory":
+            where += f" (from {escaped(source.location)})"
+        try:  # any name may be in there: not UTF-8, a line break, a control character
+            found = ", ".join(map(escaped, sorted(os.listdir(code_dir))[:10])) or "empty"
         except OSError:
             found = "directory missing"
-        raise CodeError(f"entry script {plan.program!r} not found in {where}; found: {found}")
+        raise CodeError(f"entry script {quoted(plan.program)} not found in {where}; found: {found}")
     if script.suffix != ".py":
         make_executable(script)
     return script
@@ -113,7 +116,8 @@ def make_executable(script: Path) -> None:
         script.chmod(mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     except OSError as error:
         raise CodeError(
-            f"entry script {script} is not executable and cannot be made so ({error.strerror})"
+            f"entry script {escaped(str(script))} is not executable and cannot be made so "
+            f"({error.strerror})"
         ) from None
 
 

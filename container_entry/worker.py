@@ -7,20 +7,38 @@ What it adds that torchrun's own `--log-dir/--tee/--local-ranks-filter` cannot:
   COALESCE_SECONDS in a burst), registered secrets masked in it, on the console (filtered by
   CONSOLE_RANKS; stderr straight to the container's, not through torchrun) and in a per-rank
   log, from one thread (`relay`);
-- a result record (exit status, signal, the exception type and message parsed from what the
-  script printed, an exec failure named) that the bootstrap turns into a failure file;
+- console lines that stay whole: every rank of a host writes to the same pipe, and a line
+  longer than PIPE_BUF would be cut by another rank's bytes, so each batch is written under an
+  flock of that pipe (`Console`, `console_lock`);
+- the relay never ends training: a rank log that cannot be written (a full disk) stops, and so
+  does a console nobody reads (EPIPE, EIO), each once, said on the other one and in the record;
+  the record itself has space set aside (`save_record`);
+- a result record (exit status, signal (`SIGRTMIN+2` too: errors.signal_name), the exception
+  type and message parsed from what the script printed, an exec failure named) that the
+  bootstrap turns into a failure file;
 - stacks on demand (SIGUSR2, through _site/sitecustomize.py in the script's own Python).
-Stdlib only: it starts in milliseconds.
+Stdlib only: it starts in milliseconds. What it writes of its own is valid UTF-8 whatever the
+names (errors.ESCAPE); what the script printed goes on byte for byte.
 
 Stop signals: the bootstrap signals each worker's process group, which holds this wrapper and the
 script alike, so the wrapper does not forward them (that would deliver them twice); it records
 that a stop was requested, waits for the script to finish and then exits 0 whatever the script's
 status (kept in the record): torchrun must see no failed worker during a stop, or it would
 signal the other ranks again, kill them 30 s later (before torch 2.12) or restart the group. A
-wrapper that torchrun starts after the stop (the bootstrap's STOP_FILE exists) runs nothing.
+wrapper that torchrun starts after the stop (the bootstrap's STOP_FILE exists) runs nothing. A
+stop is noted from the wrapper's first line on (a SIGINT while it still imports is no
+KeyboardInterrupt, a SIGTERM then does not kill it).
 """
 
 from __future__ import annotations
+
+import signal
+import time
+
+if __name__ == "__main__":  # the rank's wrapper: a stop is noted from its first line on
+    _EARLY: dict[int, float] = {}
+    for _sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(_sig, lambda signum, _: _EARLY.setdefault(signum, time.time()))
 
 import collections
 import contextlib
@@ -31,16 +49,16 @@ import os
 import re
 import select
 import selectors
-import signal
 import stat
 import subprocess
 import sys
 import threading
-import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from container_entry import flight_recorder
+from container_entry.errors import encoded, escaped, signal_name, signal_number
 from container_entry.hang import report_progress
 from container_entry.masking import Masker
 from container_entry.records import RankRecord, write_json
@@ -116,17 +134,22 @@ def shown(rank: int, spec: str) -> bool:
     return spec in ("", "all") or str(rank) in {item.strip() for item in spec.split(",")}
 
 
-def write_all(fd: int, data: bytes) -> None:
+def write_fully(fd: int, data: bytes) -> None:
+    """All of `data` to `fd`, whatever the writes take; OSError (EPIPE, ENOSPC, EIO) raised."""
     view = memoryview(data)
     while view:
         try:
             view = view[os.write(fd, view) :]
-        except BrokenPipeError:
-            return
         except BlockingIOError:  # another process made a shared console non-blocking
             select.select([], [fd], [], 1.0)
         except InterruptedError:
             continue
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """`write_fully`, where a reader that went away (EPIPE) is no error."""
+    with contextlib.suppress(BrokenPipeError):
+        write_fully(fd, data)
 
 
 def console_stderr(path: str | None) -> int:
@@ -146,38 +169,207 @@ def console_stderr(path: str | None) -> int:
 def atomic_size(fd: int) -> int:
     """The largest write that reaches `fd` whole when other processes write to it too:
     PIPE_BUF on a pipe (a longer write may be interleaved with another rank's), else 0 (a
-    regular file in append mode takes each write whole; a terminal has no such promise)."""
+    regular file in append mode takes each write whole, and so does a terminal: the kernel
+    holds its write lock for the whole write)."""
     try:
         return select.PIPE_BUF if stat.S_ISFIFO(os.fstat(fd).st_mode) else 0
     except OSError:
         return 0
 
 
-class Relay:
-    """One stream of the script: whole lines, tagged, to the console (if shown) and the log.
+def console_lock(fd: int) -> int | None:
+    """A descriptor to lock the pipe `fd` writes to (flock), or None for anything else.
 
-    Bytes only: `feed` takes whatever one read returned; its complete lines are masked, tagged
-    and written at once, one write to the log and one to the console (a pipe gets writes of
-    at most `atomic` bytes, cut at line ends, so no other rank's bytes land inside a line).
-    `\r` ends a line too, so progress bars show; `\r\n` is one line end even when a read
-    splits it. An unterminated line waits for its end, up to _LINE_BYTES. The last _TAIL_BYTES
-    of stderr are kept for the record.
+    A write longer than PIPE_BUF to a pipe is not atomic: when the pipe fills mid-write the
+    kernel lets another writer in, and another rank's bytes land inside the line. So every
+    writer of a host's console holds an exclusive flock on the pipe itself while it writes a
+    batch: the ranks' wrappers and (logs.py, the bootstrap's own lines) anyone else who uses
+    `locked_write`. flock conflicts between open file descriptions, and a rank's fd 1 is
+    one description shared with every other rank (inherited from torchrun): so the lock is
+    taken on a description of our own, the pipe reopened through /proc. Nothing to configure:
+    every process that can write to the pipe can reopen it."""
+    if not atomic_size(fd):
+        return None
+    flags = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:  # O_NONBLOCK: never wait for a reader (ENXIO when there is none: nothing to lock)
+        return os.open(f"/proc/self/fd/{fd}", flags)
+    except OSError:
+        return None
+
+
+class Console:
+    """One console stream of this rank (the container's stdout or stderr): each batch of whole
+    tagged lines is written under the console's lock (`console_lock`), in writes of at most
+    PIPE_BUF bytes cut at line ends, so a writer that does not lock still cannot land inside
+    a line of ours that fits one write. A write that fails (EPIPE: nobody reads it any more;
+    EIO) stops this console for good, once, and `on_error` is told why: the rank log goes on.
     """
 
     def __init__(
         self,
-        console: int | None,
-        log: int,
+        fd: int,
+        name: str = "console",
+        atomic: int | None = None,
+        on_error: Callable[[Console, str], None] | None = None,
+    ) -> None:
+        self.fd = fd
+        self.name = name
+        self.atomic = atomic_size(fd) if atomic is None else atomic
+        self.lock = console_lock(fd) if self.atomic else None
+        self.on_error = on_error
+        self.error: str | None = None
+
+    def write(self, data: bytes) -> None:
+        if self.error is not None:
+            return
+        locked = self.lock is not None and self._flock(fcntl.LOCK_EX)
+        try:
+            self._write(data)
+        except OSError as error:
+            self.error = f"{self.name} stopped: {error.strerror or error}"
+            if self.on_error is not None:
+                self.on_error(self, self.error)
+        finally:
+            if locked:
+                self._flock(fcntl.LOCK_UN)
+
+    def _flock(self, operation: int) -> bool:
+        """Lock or unlock; a lock that fails (it should not) is given up, never the write."""
+        assert self.lock is not None
+        try:
+            fcntl.flock(self.lock, operation)
+        except OSError:
+            self.close()
+            return False
+        return True
+
+    def _write(self, data: bytes) -> None:
+        """Writes of at most `atomic` bytes, each ending at a line end (a longer line whole)."""
+        limit = self.atomic
+        if not limit or len(data) <= limit:
+            write_fully(self.fd, data)
+            return
+        start, size = 0, len(data)
+        while start < size:
+            end = data.rfind(b"\n", start, start + limit) + 1
+            if end <= start:  # one line longer than `atomic`: whole, under the lock
+                end = data.find(b"\n", start + limit) + 1 or size
+            write_fully(self.fd, data[start:end])
+            start = end
+
+    def close(self) -> None:
+        if self.lock is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.lock)
+            self.lock = None
+
+
+def locked_write(fd: int, data: bytes) -> None:
+    """One batch to a console that ranks share, under its lock (`console_lock`): for a writer
+    other than a rank's relay (the bootstrap's own log lines). OSError is the caller's."""
+    lock = console_lock(fd)
+    if lock is None:
+        write_fully(fd, data)
+        return
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        write_fully(fd, data)
+    finally:
+        os.close(lock)  # releases the lock
+
+
+class RankLog:
+    """The rank's log file. It never ends training: a write that fails (ENOSPC, EDQUOT, EIO)
+    stops the log for good, once, with `error` saying where and why and `on_error` told (the
+    wrapper prints it on the console, which still gets every line). A stopped log still shows
+    that the rank is alive: its time is touched (at most once a second; a metadata update needs
+    no free block), which is what the hang watchdog reads (hang.Activity)."""
+
+    def __init__(
+        self, fd: int | None, path: str = "", on_error: Callable[[str], None] | None = None
+    ) -> None:
+        self.fd = fd
+        self.path = path
+        self.on_error = on_error
+        self.error: str | None = None
+        self._touched = 0.0
+
+    @classmethod
+    def open(cls, path: Path, on_error: Callable[[str], None] | None = None) -> RankLog:
+        """The log at `path` in append mode; one that cannot be created is stopped at once."""
+        log = cls(None, escaped(str(path)), on_error)
+        try:
+            log.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        except OSError as error:
+            log._stop(f"rank log {log.path} not written: {error.strerror or error}")
+        return log
+
+    def write(self, data: bytes) -> None:
+        if self.error is not None:
+            self._touch()
+            return
+        if self.fd is None:
+            return
+        try:
+            write_fully(self.fd, data)
+        except OSError as error:
+            try:
+                size = f"{os.fstat(self.fd).st_size:,}"
+            except OSError:
+                size = "?"
+            reason = error.strerror or str(error)
+            self._stop(f"rank log {self.path} stopped at {size} bytes: {reason}")
+
+    def _stop(self, what: str) -> None:
+        self.error = what
+        if self.on_error is not None:
+            self.on_error(what)
+
+    def _touch(self) -> None:
+        """A sign of life for the hang watchdog where lines no longer reach the log."""
+        now = time.monotonic()
+        if now - self._touched < 1.0:
+            return
+        self._touched = now
+        if self.fd is None:
+            report_progress()
+            return
+        with contextlib.suppress(OSError):
+            os.utime(self.fd)
+
+    def close(self) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
+
+
+class Relay:
+    """One stream of the script: whole lines, tagged, to the console (if shown) and the log.
+
+    Bytes only: `feed` takes whatever one read returned; its complete lines are masked, tagged
+    and written at once, one write to the log and one batch to the console (under the
+    console's lock, so no other rank's bytes land inside a line: `Console`). `\r` ends a line
+    too, so progress bars show; `\r\n` is one line end even when a read splits it. An
+    unterminated line waits for its end, up to _LINE_BYTES. The last _TAIL_BYTES of stderr
+    are kept for the record. A console or a log given as a plain descriptor is wrapped.
+    """
+
+    def __init__(
+        self,
+        console: Console | int | None,
+        log: RankLog | int,
         prefix: bytes,
         masker: Masker,
         keep_tail: bool,
         atomic: int = 0,
     ) -> None:
+        if isinstance(console, int):
+            console = Console(console, atomic=atomic)
         self.console = console
-        self.log = log
+        self.log = RankLog(log) if isinstance(log, int) else log
         self.prefix = prefix
         self.masker = masker
-        self.atomic = atomic
         self.tail: collections.deque[bytes] | None = collections.deque() if keep_tail else None
         self.tail_size = 0
         self.pending = b""
@@ -189,6 +381,9 @@ class Relay:
             chunk = chunk[1:]
         data = self.pending + chunk if self.pending else chunk
         cut = max(data.rfind(b"\n"), data.rfind(b"\r")) + 1
+        held = self.masker.held(data[:cut]) if cut and self.masker else 0
+        if held:  # the first lines of a multi-line secret, maybe: wait for the rest
+            cut = max(data.rfind(b"\n", 0, cut - held), data.rfind(b"\r", 0, cut - held)) + 1
         self.after_cr = cut == len(data) and data[-1:] == b"\r"
         if cut:
             self.emit(data[:cut])
@@ -234,30 +429,15 @@ class Relay:
             block = block.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if self.masker:
             block = self.masker.data(block)
-        write_all(self.log, block)
+        self.log.write(block)
         if self.console is not None:
             prefix = self.prefix
-            tagged = prefix + block[:-1].replace(b"\n", b"\n" + prefix) + b"\n"
-            if self.atomic and len(tagged) > self.atomic:
-                self._write_lines(tagged)
-            else:
-                write_all(self.console, tagged)
+            self.console.write(prefix + block[:-1].replace(b"\n", b"\n" + prefix) + b"\n")
         if self.tail is not None:
             self.tail.append(block)
             self.tail_size += len(block)
             while self.tail_size > _TAIL_BYTES and len(self.tail) > 1:
                 self.tail_size -= len(self.tail.popleft())
-
-    def _write_lines(self, tagged: bytes) -> None:
-        """Writes of at most `atomic` bytes, each ending at a line end (a longer line whole)."""
-        assert self.console is not None
-        start, size, limit = 0, len(tagged), self.atomic
-        while start < size:
-            end = tagged.rfind(b"\n", start, start + limit) + 1
-            if end <= start:  # one line longer than `atomic`: it cannot be atomic anyway
-                end = tagged.find(b"\n", start + limit) + 1 or size
-            write_all(self.console, tagged[start:end])
-            start = end
 
     def tail_lines(self) -> list[str]:
         if self.tail is None:
@@ -344,8 +524,11 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-def _exec_failure(script: str, error: OSError) -> tuple[int, dict[str, str]]:
+def _exec_failure(script: str, error: OSError | ValueError) -> tuple[int, dict[str, str]]:
     """An entry script that could not be started at all: the shell's 126/127 and why."""
+    if not isinstance(error, OSError):  # a NUL or an unpaired surrogate in an argument
+        reason = f"an argument cannot be passed to a program ({error})"
+        return 126, {"type": "ExecError", "message": f"cannot execute {escaped(script)}: {reason}"}
     reason = error.strerror or str(error)
     code = 127 if error.errno == errno.ENOENT else 126
     if error.errno == errno.ENOEXEC:
@@ -358,7 +541,7 @@ def _exec_failure(script: str, error: OSError) -> tuple[int, dict[str, str]]:
             first = ""
         interpreter = first[2:].strip() if first.startswith("#!") else "?"
         reason = f"its interpreter {interpreter!r} (the '#!' line) was not found"
-    return code, {"type": "ExecError", "message": f"cannot execute {script}: {reason}"}
+    return code, {"type": "ExecError", "message": f"cannot execute {escaped(script)}: {reason}"}
 
 
 def _keep_alive(done: threading.Event) -> None:
@@ -398,13 +581,68 @@ def end_with_parent() -> None:
     orphaned(ORPHAN_SIGNAL, None)  # it died before that took
 
 
+_RESERVE_BYTES = 64 * 1024  # kept free for the rank's record on a disk its log may fill
+
+
+def _reserve(folder: Path) -> int | None:
+    """Space for the record on a disk that the logs may fill: an unlinked file holding
+    _RESERVE_BYTES (so nothing is left behind, whatever ends this process); closing it gives
+    them back. None where it cannot be made (the disk is full already)."""
+    path = folder / f".reserve-{os.getpid()}"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    except OSError:
+        return None
+    with contextlib.suppress(OSError):
+        path.unlink()
+    try:
+        os.posix_fallocate(fd, 0, _RESERVE_BYTES)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def save_record(path: Path, record: dict[str, Any], reserve: int | None) -> str | None:
+    """Write the rank's record; on a full disk give back the reserved space and try again,
+    then without the stderr tail. None when written, else why not (the wrapper goes on)."""
+    attempts = [record, record, {**record, "stderr_tail": [], "last_words": None}]
+    problem = None
+    for attempt in attempts:
+        try:
+            write_json(path, attempt)
+            problem = None
+            break
+        except OSError as error:
+            problem = f"rank record {escaped(str(path))} not written: {error.strerror or error}"
+            if reserve is not None:
+                os.close(reserve)
+                reserve = None
+    if reserve is not None:
+        os.close(reserve)
+    return problem
+
+
 def main(argv: list[str]) -> int:
+    stop: dict[str, Any] = {}  # the first stop signal this rank got (its name) and when
+
+    def note_stop(signum: int, _frame: object) -> None:
+        stop.setdefault("signal", signal_name(signum))
+        stop.setdefault("at", time.time())
+
+    for sig in STOP_SIGNALS:  # first: a stop during the start is noted, never a traceback
+        signal.signal(sig, note_stop)
+    early: dict[int, float] = globals().get("_EARLY") or {}  # noted while this module loaded
+    if early:
+        signum, at = min(early.items(), key=lambda item: item[1])
+        stop.update(signal=signal_name(signum), at=at)
     end_with_parent()
     control = Path(os.environ.get(CONTROL_ENV) or ".")
     try:
         job: dict[str, Any] = json.loads((control / "command.json").read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
-        print(f"container_entry.worker: no command in {control}: {error}", file=sys.stderr)
+        where = escaped(str(control))
+        print(f"container_entry.worker: no command in {where}: {error}", file=sys.stderr)
         return 2
     command: list[str] = list(job["argv"]) + list(argv)
     script = command[0]
@@ -413,8 +651,35 @@ def main(argv: list[str]) -> int:
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     host = os.environ.get("CURRENT_HOST") or os.environ.get("HOSTNAME", "localhost")
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (run_dir / "stacks").mkdir(exist_ok=True)
+    prefix = encoded(f"[{host} rank {rank}] ")
+    console = shown(rank, str(job.get("console_ranks", "all")))
+    err_console = Console(console_stderr(job.get("console_stderr")), "console (stderr)")
+    out_console = Console(1, "console (stdout)")
+    trouble: dict[str, str] = {}  # what stopped: the rank log, a console
+
+    def say(text: str) -> None:
+        """One line of ours about this rank, on its stderr console."""
+        err_console.write(prefix + encoded(f"container-entry: {text}") + b"\n")
+
+    def log_stopped(what: str) -> None:
+        trouble.setdefault("log_error", what)
+        if console:
+            say(f"{what}; the console still has every line")
+        else:
+            say(f"{what}; CONSOLE_RANKS hides this rank, so its lines are kept nowhere now")
+
+    def console_stopped(stream: Console, what: str) -> None:
+        trouble.setdefault("console_error", what)
+        log.write(encoded(f"container-entry: {what}; the rank log still has every line\n"))
+
+    for folder in (run_dir / "logs", run_dir / "stacks"):
+        with contextlib.suppress(OSError):  # a full disk: the log says so below
+            folder.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir / "logs" / f"rank-{rank}.log"
+    log = RankLog.open(log_path, log_stopped)
+    for stream in (out_console, err_console):
+        stream.on_error = console_stopped
+    reserve = _reserve(run_dir)
 
     env = dict(os.environ)
     env.setdefault("PYTHONFAULTHANDLER", "1")  # a segfault prints the Python stacks
@@ -423,18 +688,10 @@ def main(argv: list[str]) -> int:
     # it; ours then runs theirs
     env[STACKS_ENV] = str(run_dir / "stacks" / f"rank-{rank}.txt")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (SITE_DIR, env.get("PYTHONPATH")) if p)
-    env.update(flight_recorder.listen(control, run_dir, rank))
+    with contextlib.suppress(OSError):  # a full disk: no flight-recorder dump for this rank
+        env.update(flight_recorder.listen(control, run_dir, rank))
     env.pop(CONTROL_ENV, None)
     program = [sys.executable, "-u", *command] if script.endswith(".py") else command
-
-    stop: dict[str, Any] = {}
-
-    def note_stop(signum: int, _frame: object) -> None:
-        stop.setdefault("signal", signal.Signals(signum).name)
-        stop.setdefault("at", time.time())
-
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, note_stop)
 
     def stopping() -> bool:
         """A stop was signalled to this rank, or came before torchrun started it."""
@@ -444,11 +701,6 @@ def main(argv: list[str]) -> int:
         return bool(stop)
 
     started = time.time()
-    log_path = run_dir / "logs" / f"rank-{rank}.log"
-    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    console = shown(rank, str(job.get("console_ranks", "all")))
-    prefix = f"[{host} rank {rank}] ".encode()
-    err = console_stderr(job.get("console_stderr"))
     restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
 
     def run(argv: list[str], name: str) -> tuple[int, dict[str, str] | None, list[Relay]]:
@@ -456,27 +708,30 @@ def main(argv: list[str]) -> int:
         A stop that came first means no child at all; one that came while it was being started
         (before it could be in this process group) is passed on to it."""
         relays = [
-            Relay(1 if console else None, log, prefix, masker, False, atomic_size(1)),
-            Relay(err if console else None, log, prefix, masker, True, atomic_size(err)),
+            Relay(out_console if console else None, log, prefix, masker, False),
+            Relay(err_console if console else None, log, prefix, masker, True),
         ]
         if stopping():
-            return 128 + signal.Signals[stop["signal"]], None, relays
+            return 128 + (signal_number(stop["signal"]) or signal.SIGTERM), None, relays
         try:
             child = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=os.getcwd()
             )
-        except OSError as error:
+        except (OSError, ValueError) as error:  # ValueError: an argument that is no C string
             code, failure = _exec_failure(name, error)
-            write_all(log, (failure["message"] + "\n").encode())
-            write_all(err, prefix + failure["message"].encode() + b"\n")
+            log.write(encoded(failure["message"] + "\n"))
+            err_console.write(prefix + encoded(failure["message"]) + b"\n")
             return code, failure, relays
         if stop:  # it arrived during the start: this child may not have had it
             with contextlib.suppress(ProcessLookupError):
-                child.send_signal(signal.Signals[stop["signal"]])
-        write_json(
-            control / f"rank-{rank}.pid",
-            {"rank": rank, "wrapper": os.getpid(), "child": child.pid, "host": host},
-        )
+                child.send_signal(signal_number(stop["signal"]) or signal.SIGTERM)
+        pid_file = control / f"rank-{rank}.pid"
+        try:
+            write_json(
+                pid_file, {"rank": rank, "wrapper": os.getpid(), "child": child.pid, "host": host}
+            )
+        except OSError as error:  # the launcher still finds this rank as torchrun's child
+            say(f"pid file {escaped(str(pid_file))} not written: {error.strerror or error}")
         assert child.stdout is not None and child.stderr is not None
         streams = [child.stdout.fileno(), child.stderr.fileno()]
         return relay(child, list(zip(streams, relays, strict=True))), None, relays
@@ -492,7 +747,9 @@ def main(argv: list[str]) -> int:
     status, exception, relays = 0, None, []
     preflight = job.get("preflight")
     if preflight and (control / PREFLIGHT_FAILED).exists():
-        os.close(log)
+        log.close()
+        if reserve is not None:
+            os.close(reserve)
         return 0 if stopping() else 1
     if preflight and not (control / PREFLIGHT_PASSED).exists():
         # the preflight has its own deadline: while it runs it is never a hang (HANG_TIMEOUT)
@@ -510,7 +767,7 @@ def main(argv: list[str]) -> int:
         if preflight:
             report_progress()  # the script's start-up counts from its own start, as at launch
         status, exception, relays = run(program, script)
-    os.close(log)
+    log.close()
 
     lines = relays[1].tail_lines()
     stopped = stopping()
@@ -522,7 +779,7 @@ def main(argv: list[str]) -> int:
         # torchrun's count on this host; a failure with restarts > 0 used them all up
         restart_count=restart_count,
         returncode=status,
-        signal=signal.Signals(-status).name if status < 0 else None,
+        signal=signal_name(-status) if status < 0 else None,
         exception=exception or parse_exception(lines),
         fatal_error=fatal_error(lines),
         last_words=last_words(lines) if status else None,
@@ -532,13 +789,21 @@ def main(argv: list[str]) -> int:
         ended_at=time.time(),
         stderr_tail=lines[-40:],
         log=str(log_path),
+        log_error=trouble.get("log_error"),
+        console_error=trouble.get("console_error"),
     )
-    write_json(run_dir / f"rank-{rank}.json", record.to_json())
+    problem = save_record(run_dir / f"rank-{rank}.json", record.to_json(), reserve)
+    if problem:
+        say(problem)
+    for stream in (out_console, err_console):
+        stream.close()
     if stopped:  # torchrun must not take this for a failure (the record has the status)
         return 0
     if status < 0:  # die the same way so torchrun reports the real signal
-        signal.signal(-status, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):  # SIGKILL's disposition is fixed
+            signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)
+        return 128 - status  # it is blocked or ignored here: the shell's code for it
     return status
 
 

@@ -167,7 +167,15 @@ def run_job(count: int, scenario: str, port: int, work: Path, timeout: float) ->
     master_name = ordered[0]
     victim = master_name if scenario == "freeze-master" else ordered[-1]
     local_hosts = root / "hosts"
-    local_hosts.write_text("127.0.0.1 localhost\n" + "".join(f"127.0.0.1 {n}\n" for n in names))
+    # the master checks that a host connects from the address its name resolves to: the host
+    # cut off below sits behind its own veth pair
+    local_hosts.write_text(
+        "127.0.0.1 localhost\n"
+        + "".join(
+            f"{Network.THERE if scenario == 'disconnect' and n == victim else '127.0.0.1'} {n}\n"
+            for n in names
+        )
+    )
     fake = root / "fake"
     (fake / "torch" / "distributed").mkdir(parents=True)
     (fake / "torch" / "__init__.py").write_text("")
@@ -285,7 +293,7 @@ def run_job(count: int, scenario: str, port: int, work: Path, timeout: float) ->
         for host in survivors:
             with contextlib.suppress(OSError):
                 line = (host.base / "output" / "failure").read_text().splitlines()[0]
-                reasons.add(re.sub(r" ?(\[first failure; |; )algo-\d+ stopped.*$", "", line))
+                reasons.add(re.sub(r"( \[first failure\]|; algo-\d+ stopped.*)$", "", line))
         result["reasons"] = sorted(reasons)[:3]
         return result
     finally:

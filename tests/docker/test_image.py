@@ -156,7 +156,11 @@ def test_image_labels_and_layers(image, standin, docker_client):
     ).stdout.strip()
     assert labels["org.opencontainers.image.revision"] == head  # `make build`'s default
     assert labels["org.opencontainers.image.version"]
-    assert ours.attrs["Config"]["Entrypoint"] == ["container-entry"]
+    assert ours.attrs["Config"]["Entrypoint"] == [
+        "env",
+        "--block-signal=INT,TERM,HUP",
+        "container-entry",
+    ]
     added = ours.attrs["Size"] - docker_client.images.get(standin).attrs["Size"]
     assert added < 5_000_000, f"our layers add {added} bytes"
 

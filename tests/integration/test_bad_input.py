@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
 import sys
 import tarfile
+from pathlib import Path
 
 import pytest
 
 from tests.integration.conftest import PROBE, bootstrap_argv, bootstrap_env, make_tree, run
+from tests.integration.test_relay import free_port
 
 
 def corrupt_resourceconfig(tree):
@@ -195,3 +199,134 @@ def test_a_nul_in_a_hyperparameter_is_one_line_also_when_the_script_is_on_the_co
     assert "Traceback" not in result.stderr
     failure = (tree.output / "failure").read_text()
     assert "hyperparameter 'note' contains a NUL" in failure and failure.count("\n") == 1
+
+
+# Names that are not UTF-8 (each a different way to be invalid), or that hold a line break
+ODD_NAMES = {
+    b"donn\xe9es.csv": "donn\\xe9es.csv",  # Latin-1
+    b"\xff\xfe.bin": "\\xff\\xfe.bin",  # never valid
+    b"caf\xc3": "caf\\xc3",  # a truncated sequence
+    b"\xed\xa0\x80.txt": "\\xed\\xa0\\x80.txt",  # an encoded surrogate
+    b"\xc0\xaf.txt": "\\xc0\\xaf.txt",  # an overlong '/'
+    b"two\nlines.txt": "two\\nlines.txt",  # valid, but it would break the line
+}
+
+
+def run_bytes(argv: list[str], env: dict) -> tuple[int, str, str]:
+    """The bootstrap's exit code and its stdout and stderr; every line of its own (not a
+    rank's: those are the rank's bytes, relayed unchanged) must be valid UTF-8."""
+    result = subprocess.run(argv, env=env, capture_output=True, timeout=120, cwd="/", check=False)
+    for line in (result.stdout + result.stderr).splitlines():
+        if not line.startswith(b"[algo-1 rank "):
+            line.decode("utf-8")
+    out, err = (stream.decode("utf-8", "replace") for stream in (result.stdout, result.stderr))
+    return result.returncode, out, err
+
+
+@pytest.mark.parametrize("name", list(ODD_NAMES), ids=ascii)
+def test_a_missing_entry_script_beside_a_name_that_is_not_utf8_is_bad_input(tmp_path, name):
+    """The folder listing in the error once crashed our own writers (UnicodeEncodeError,
+    exit 1, our traceback, an empty failure file): now exit 2, one line naming the script
+    and the file as `\\xNN`, a failure file with that line."""
+    tree = make_tree(tmp_path)
+    (tree.base / "code" / "ddp_probe.py").unlink()
+    with open(os.fsencode(tree.base / "code") + b"/" + name, "wb"):
+        pass
+    env = bootstrap_env(
+        tree,
+        SAGEMAKER_PROGRAM="ddp_probe.py",
+        PIP_NO_INDEX="1",
+        CONTAINER_ENTRY_MASTER_PORT=str(free_port()),  # not 29500: other jobs may hold it
+    )
+    code, _, err = run_bytes(bootstrap_argv(), env)
+    assert code == 2, err[-2000:]
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1, err[-2000:]
+    assert "entry script 'ddp_probe.py' not found in" in errors[0] and ODD_NAMES[name] in errors[0]
+    failure = (tree.output / "failure").read_bytes().decode("utf-8")
+    assert failure.count("\n") == 1 and errors[0].split("error: ")[1] in failure
+
+
+ECHO = b"""
+import os, sys
+print("argv", [os.fsencode(a) for a in sys.argv[1:]], os.environb.get(b"ODD_VALUE"))
+sys.stdout.buffer.write(b"raw \\xe9\\xff from the rank\\n")
+if "--fail" in sys.argv:
+    sys.stderr.buffer.write(b"fatal: cannot read donn\\xe9es.csv\\n")
+    sys.exit(3)
+"""
+
+
+def odd_job(tmp_path, *, script: bytes, program: bytes | None = None, hps=None, folder=b"job"):
+    """A one-rank job whose script, program name, environment or base folder hold bytes that
+    are not UTF-8; the environment as bytes, as a container gets it."""
+    root = os.fsdecode(os.fsencode(tmp_path) + b"/" + folder)
+    tree = make_tree(Path(root), script=None, hyperparameters=hps)
+    with open(os.fsencode(tree.base / "code") + b"/" + script, "wb") as handle:
+        handle.write(ECHO if script.endswith(b".py") else b"echo no interpreter line\n")
+    env = bootstrap_env(tree, PET_NPROC_PER_NODE="1", CONTAINER_ENTRY_MASTER_PORT=str(free_port()))
+    environ = {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
+    environ[b"SAGEMAKER_PROGRAM"] = program or script
+    environ[b"ODD_VALUE"] = b"\xe9\xff"
+    return tree, environ
+
+
+def test_an_entry_script_whose_name_is_not_utf8_runs_and_its_bytes_pass_unchanged(tmp_path):
+    tree, env = odd_job(tmp_path, script=b"tr\xe9in.py", hps={"note": json.dumps("a b")})
+    result = subprocess.run(bootstrap_argv(), env=env, capture_output=True, timeout=120, cwd="/")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert b"[algo-1 rank 0] raw \xe9\xff from the rank\n" in result.stdout
+    assert b"[b'--note', b'a b'] b'\\xe9\\xff'" in result.stdout
+    assert (tree.output / "success").exists()
+
+
+def test_a_failure_in_a_folder_whose_name_is_not_utf8_is_reported_in_valid_utf8(tmp_path):
+    """The base folder itself (so every path the bootstrap names) holds a byte that is not
+    UTF-8 and a line break; the rank fails with such bytes in its last words."""
+    tree, env = odd_job(
+        tmp_path, script=b"tr\xe9in.py", hps={"fail": json.dumps("1")}, folder=b"d\xe9j\xe0\nvu"
+    )
+    code, _, err = run_bytes(bootstrap_argv(), env)
+    assert code == 3, err[-2000:]
+    assert "Traceback" not in err
+    failure = (tree.output / "failure").read_bytes().decode("utf-8").splitlines()
+    assert failure[0] == (
+        "rank 0 (local 0) on algo-1: exit code 3: fatal: cannot read donn\ufffdes.csv "
+        "[first failure]"
+    )
+    assert failure[-1].startswith("per-rank logs and records: ")
+    assert "d\\xe9j\\xe0\\nvu" in failure[-1]
+    record = json.loads((tree.output / "data/container-entry/rank-0.json").read_text())
+    log = b"d\xe9j\xe0\nvu/algo-1/ml/output/data/container-entry/logs/rank-0.log"
+    assert os.fsencode(record["log"]).endswith(log)
+
+
+@pytest.mark.parametrize(
+    ("script", "program", "code", "text"),
+    [
+        (b"ok.py", b"tr\xe9in.py", 2, "entry script 'tr\\xe9in.py' not found in"),
+        (b"r\xe9n.sh", None, 126, "cannot execute "),
+    ],
+    ids=["missing", "not-executable"],
+)
+def test_an_entry_script_whose_name_is_not_utf8_fails_in_one_line(
+    tmp_path, script, program, code, text
+):
+    tree, env = odd_job(tmp_path, script=script, program=program)
+    returncode, _, err = run_bytes(bootstrap_argv(), env)
+    assert returncode == code, err[-2000:]
+    assert "Traceback" not in err
+    first = (tree.output / "failure").read_bytes().decode("utf-8").splitlines()[0]
+    assert text in first, first
+    if code == 126:
+        assert "r\\xe9n.sh: Exec format error" in first, first
+
+
+def test_a_hyperparameter_value_holding_a_byte_that_is_not_utf8_is_passed_on(tmp_path):
+    """JSON's "\\udce9" is how an undecodable byte reaches a value (surrogateescape)."""
+    tree, env = odd_job(tmp_path, script=b"echo.py")
+    (tree.base / "input/config/hyperparameters.json").write_text('{"note": "caf\\udce9"}')
+    result = subprocess.run(bootstrap_argv(), env=env, capture_output=True, timeout=120, cwd="/")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert b"[b'--note', b'caf\\xe9']" in result.stdout

@@ -117,7 +117,7 @@ def test_worker_fault_names_rank_cause_and_exit_code(tmp_path, fault, code, expe
     assert returncode == code, err[-3000:]
     line = first_line(tree)
     assert line.startswith(expected), line
-    assert "[first failure, seen on algo-1]" in line
+    assert "[first failure]" in line
     record = json.loads((tree.output / "data/container-entry/rank-1.json").read_text())
     assert record["returncode"] in (1, 3, -11, -9)
     assert Path(record["log"]).exists()
@@ -228,6 +228,64 @@ def test_a_rank_polling_the_store_as_it_exits_ends_promptly_after_a_stop(tmp_pat
     )
 
 
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.1, 0.2, 0.4, 0.6, 1.0])
+def test_a_stop_as_the_ranks_finish_is_a_success_or_a_stop_never_a_failure(tmp_path, delay):
+    """SIGTERM `delay` s after the last rank's last line (SDK local mode stops a container as
+    soon as another exits): ranks that had all exited 0 before it make a success (exit 0,
+    nothing relayed); ranks still on their way out make a stopped job (143). Never torchrun's
+    own exit code for the signal the bootstrap gave it (1, 137)."""
+    tree = make_tree(tmp_path, script=FAULT)
+    process = start(
+        tree, {"steps": "3", "step-seconds": "0.1"}, CONTAINER_ENTRY_MASTER_PORT="29651"
+    )
+    logs = tree.output / "data" / "container-entry" / "logs"
+    assert wait_for(lambda: sum("done rank" in p.read_text() for p in logs.glob("*.log")) == 2)
+    time.sleep(delay)
+    sent = time.time()
+    process.send_signal(signal.SIGTERM)
+    returncode, _, err = finish(process, timeout=60)
+    records = [json.loads(p.read_text()) for p in logs.parent.glob("rank-*.json")]
+    assert len(records) == 2, err[-3000:]
+    before = all(r["ended_at"] <= sent and r["returncode"] == 0 for r in records)
+    if returncode == 0:
+        assert before, records
+        assert (tree.output / "success").exists() and not (tree.output / "failure").exists()
+    else:
+        assert returncode == 143 and not before, (returncode, err[-3000:])
+        assert first_line(tree).startswith("job stopped by SIGTERM on algo-1"), first_line(tree)
+    assert "Traceback" not in err, err[-3000:]
+
+
+def test_a_host_stopped_after_its_ranks_finished_is_a_success_on_both(tmp_path, hosts_file):
+    """algo-2's ranks are done and its torchrun waits at the exit barrier for algo-1, which
+    works 8 s longer: a stop of algo-2 then ends it at once with exit 0 (before: 1, or 137
+    after grace + 5 s), relays nothing, and algo-1 finishes its job normally."""
+    hosts = ("algo-1", "algo-2")
+    trees = [make_tree(tmp_path, script=FAULT, current_host=h, hosts=hosts) for h in hosts]
+    hps = {"steps": "3", "step-seconds": "0.1", "linger-host": "algo-1", "linger-seconds": "8"}
+    processes = [
+        start(
+            t,
+            hps,
+            argv_wrap=lambda a: with_hosts_file(a, hosts_file),
+            CONTAINER_ENTRY_MASTER_PORT="29641",
+        )
+        for t in trees
+    ]
+    second = trees[1].output / "data" / "container-entry"
+    assert wait_for(lambda: len(list(second.glob("rank-*.json"))) == 2, timeout=120)
+    time.sleep(0.5)
+    sent = time.monotonic()
+    processes[1].send_signal(signal.SIGTERM)
+    returncode, _, err = finish(processes[1], timeout=60)
+    assert returncode == 0, err[-3000:]
+    assert time.monotonic() - sent < 3.0
+    assert (trees[1].output / "success").exists()
+    returncode, _, err = finish(processes[0], timeout=60)
+    assert returncode == 0, err[-3000:]
+    assert (trees[0].output / "success").exists()
+
+
 def test_nothing_outlives_a_bootstrap_killed_outside_a_container(tmp_path):
     """Without a container's PID 1 to take everything down, SIGKILL of the bootstrap alone:
     torchrun dies with it, and so does every rank (each in a session of its own)."""
@@ -328,6 +386,40 @@ def test_peer_that_never_joins_is_reported_before_any_worker_starts(tmp_path, ho
     assert returncode == 3, err[-2000:]
     assert time.monotonic() - started < 30
     assert "algo-2 never joined the job within 3 s" in first_line(tree)
+
+
+def test_two_failures_at_once_on_two_hosts_are_one_story(tmp_path, hosts_file):
+    """Rank 1 on algo-1 and rank 3 on algo-2 fail at the same step, milliseconds apart: the
+    master decides which was first and both hosts write that same first line and exit code."""
+    hosts = ("algo-1", "algo-2")
+    trees = [make_tree(tmp_path, script=FAULT, current_host=h, hosts=hosts) for h in hosts]
+    hps = {"fault": '"raise"', "fault-rank": '"1,3"', "fault-step": "3", "steps": "1000"}
+    processes = [
+        start(
+            t,
+            {**hps, "step-seconds": "0.2"},
+            argv_wrap=lambda a: with_hosts_file(a, hosts_file),
+            CONTAINER_ENTRY_MASTER_PORT="29661",
+        )
+        for t in trees
+    ]
+    results = [finish(p, timeout=120) for p in processes]
+    lines = [first_line(tree) for tree in trees]
+    assert [code for code, _, _ in results] == [1, 1], [err[-2000:] for _, _, err in results]
+    assert lines[0] == lines[1], lines
+    assert re.fullmatch(
+        r"rank [13] \(local 1\) on algo-[12]: exit code 1: ValueError: planted failure at step 3 "
+        r"\[first failure\]",
+        lines[0],
+    ), lines[0]
+    ended = {
+        rank: json.loads((tree.output / f"data/container-entry/rank-{rank}.json").read_text())
+        for rank, tree in ((1, trees[0]), (3, trees[1]))
+    }
+    first = 1 if ended[1]["ended_at"] <= ended[3]["ended_at"] else 3
+    print(f"rank 1 - rank 3 ended {ended[1]['ended_at'] - ended[3]['ended_at']:+.3f} s; {lines[0]}")
+    if abs(ended[1]["ended_at"] - ended[3]["ended_at"]) > 0.02:  # beyond the clocks' error
+        assert lines[0].startswith(f"rank {first} "), (ended, lines[0])
 
 
 def test_failure_on_one_host_ends_every_host_fast(tmp_path, hosts_file):

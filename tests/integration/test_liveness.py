@@ -325,7 +325,7 @@ def test_a_torchrun_failure_with_no_rank_record_reaches_the_other_host(tmp_path,
         assert line.startswith(
             "torchrun on algo-2 failed with exit code 1 before any rank reported"
         ), line
-        assert line.endswith("[first failure; algo-1 stopped because of it]"), line
+        assert line.endswith("[first failure]"), line
         assert ended - failed_at < GRACE + 10, ended - failed_at
     finally:
         kill_everything([master, broken], [])

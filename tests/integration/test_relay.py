@@ -7,14 +7,18 @@ the bootstrap (whatever that stderr is: a pipe, a regular file, or a socket as a
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import threading
 import time
+
+import pytest
 
 from tests.integration.conftest import (
     bootstrap_argv,
@@ -24,6 +28,7 @@ from tests.integration.conftest import (
 )
 
 LOGS = "data/container-entry/logs"
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 TAG = re.compile(rb"^\[algo-1 rank (\d+)\] (.*)$")
 
 
@@ -406,3 +411,147 @@ def test_torchruns_own_lines_reach_the_failure_report(tmp_path):
     assert not first.endswith("no output"), first
     # and they were shown: nothing had started a teardown yet
     assert any(not TAG.match(x) and b"SIGKILL" in x for x in err.text()), err.text()[-20:]
+
+
+LONG_LINES = """
+import os, sys
+rank = int(os.environ["RANK"])
+stream = sys.stderr if "--stderr" in sys.argv else sys.stdout
+for i in range(300):
+    head = f"long {i} rank {rank} "
+    stream.write(head + "y" * (20_000 - len(head)) + "\\n")
+"""
+
+
+def test_lines_longer_than_pipe_buf_from_two_ranks_stay_whole_on_a_piped_console(tmp_path):
+    """2 ranks x 300 lines of 20 KB on each piped stream: a write longer than PIPE_BUF to a
+    pipe could be cut by another rank's bytes (95 of 600 lines spliced or untagged, before the
+    console lock); now every line arrives whole and tagged."""
+    jobs = {}
+    for stream in ("stdout", "stderr"):  # both jobs at once: half the time
+        root = tmp_path / stream
+        root.mkdir()
+        hps = {"stderr": "true"} if stream == "stderr" else None
+        tree, process = start(root, LONG_LINES, hyperparameters=hps)
+        for pipe in (process.stdout, process.stderr):  # one page: every long write blocks
+            fcntl.fcntl(pipe.fileno(), F_SETPIPE_SZ, 4096)
+        readers = [Reader(process.stdout), Reader(process.stderr)]
+        for reader in readers:
+            reader.start()
+        jobs[stream] = tree, process, readers
+    whole = re.compile(rb"\[algo-1 rank (\d)\] long \d+ rank \1 y+")
+    size = 20_000 + len(b"[algo-1 rank 0] ")
+    for stream, (tree, process, (out, err)) in jobs.items():
+        process.wait(timeout=180)
+        out.join(timeout=30)
+        err.join(timeout=30)
+        assert process.returncode == 0, err.text()[-20:]
+        lines = [line for line in (out if stream == "stdout" else err).text() if b"long " in line]
+        spliced = [x[:80] for x in lines if not whole.fullmatch(x) or len(x) != size]
+        assert len(lines) == 600 and not spliced, (stream, len(lines), len(spliced), spliced[:5])
+        for rank in (0, 1):
+            assert len(rank_log(tree, rank).splitlines()) == 300
+
+
+FILLER = """
+import os, sys
+rank = int(os.environ["RANK"])
+for step in range(4000):
+    print(f"step {step} rank {rank} " + "f" * 200)
+    if step % 10 == 0:
+        print(f"stderr step {step} rank {rank}", file=sys.stderr)
+with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], f"done-{rank}"), "w") as handle:
+    handle.write(str(step))
+"""
+
+
+SLOW_TAIL = """
+import time
+for i in range(12):  # longer than the hang timeout, after the log stopped
+    print(f"tail {i} rank {rank}", flush=True)
+    time.sleep(0.25)
+"""
+
+
+def on_tiny_tmpfs(argv: list[str], folder, size: str, keep) -> list[str]:
+    """argv in a private mount namespace where `folder` is a tmpfs of `size` (needs root): a
+    disk that really fills up, the machine's mounts untouched. What argv left there is copied
+    to `keep` when it exits (the tmpfs goes with the namespace)."""
+    script = (
+        'mount -t tmpfs -o size="$1" tmpfs "$0" || exit 99; dest="$2"; shift 2; "$@"; code=$?; '
+        'cp -a "$0/." "$dest"; exit $code'
+    )
+    return ["unshare", "--mount", "--", "sh", "-c", script, str(folder), size, str(keep), *argv]
+
+
+def test_a_full_disk_under_the_rank_logs_never_ends_training(tmp_path):
+    """The run folder (rank logs and records) on a 256 KiB tmpfs that the ranks' output fills
+    (ENOSPC for real): the wrapper once died of `OSError: [Errno 28]` and took its healthy rank
+    with it. Now each rank trains to its last step, the console has every line, each rank says
+    once that its log stopped and why, its record says so too, and the job exits 0; and the
+    hang watchdog still sees it print (its log's time is kept fresh)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.fail("needs root and unshare (CI runs as root)")
+    script = tmp_path / "relay_script.py"
+    script.write_text(FILLER + SLOW_TAIL)
+    tree = make_tree(tmp_path, script=script)
+    run_dir = tree.output / "data/container-entry"
+    run_dir.mkdir(parents=True)
+    kept = tmp_path / "run-folder"
+    kept.mkdir()
+    env = bootstrap_env(
+        tree,
+        SAGEMAKER_PROGRAM="relay_script.py",
+        PET_NPROC_PER_NODE="2",
+        CONTAINER_ENTRY_MASTER_PORT=str(free_port()),
+        # the watchdog reads the logs' times: a rank whose log stopped is not idle
+        CONTAINER_ENTRY_HANG_TIMEOUT="2",
+    )
+    process = subprocess.Popen(
+        on_tiny_tmpfs(bootstrap_argv(), run_dir, "256k", kept),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd="/",
+    )
+    out, err = run_to_end(process)
+    assert process.returncode == 0, b"\n".join(err.text()[-30:])
+    for rank in (0, 1):
+        assert (tree.output / f"data/done-{rank}").read_text() == "3999"
+        steps = [line for line in tagged(out.text(), rank) if line.startswith(b"step ")]
+        assert len(steps) == 4000 and steps[-1].startswith(b"step 3999 ")
+        assert f"tail 11 rank {rank}".encode() in tagged(out.text(), rank)
+        assert len([x for x in tagged(err.text(), rank) if x.startswith(b"stderr step")]) == 400
+        ours = b"container-entry: rank log"
+        notices = [x for x in tagged(err.text(), rank) if x.startswith(ours)]
+        assert len(notices) == 1, notices
+        assert re.fullmatch(
+            rb"container-entry: rank log \S+/logs/rank-%d\.log stopped at [\d,]+ bytes: "
+            rb"No space left on device; the console still has every line" % rank,
+            notices[0],
+        ), notices
+        # the record was written all the same (space kept for it), and says so
+        kept_record = json.loads((kept / f"rank-{rank}.json").read_text())
+        assert kept_record["returncode"] == 0
+        assert notices[0].decode().startswith(f"container-entry: {kept_record['log_error']}")
+    assert not (tree.output / "failure").exists()
+    assert (tree.output / "success").exists()
+
+
+def test_a_console_nobody_reads_never_ends_training_and_the_log_keeps_every_line(tmp_path):
+    """The container's stdout closed by its reader (EPIPE): each rank stops writing there once,
+    says so in its log and record, and trains on; the log has every line."""
+    tree, process = start(tmp_path, FILLER.replace("4000", "500"))
+    process.stdout.close()
+    err = Reader(process.stderr)
+    err.start()
+    process.wait(timeout=180)
+    err.join(timeout=30)
+    assert process.returncode == 0, err.text()[-20:]
+    for rank in (0, 1):
+        log = rank_log(tree, rank).splitlines()
+        assert len([x for x in log if x.startswith(b"step ")]) == 500
+        notice = b"container-entry: console (stdout) stopped: Broken pipe; the rank log still has"
+        assert sum(x.startswith(notice) for x in log) == 1
+        assert record(tree, rank)["console_error"] == "console (stdout) stopped: Broken pipe"
+        assert len([x for x in tagged(err.text(), rank) if x.startswith(b"stderr step")]) == 50

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--fault", default="none")
-parser.add_argument("--fault-rank", type=int, default=-1)
+parser.add_argument("--fault-rank", default="-1")  # one rank, or several: "1,3"
 parser.add_argument("--fault-step", type=int, default=2)
 parser.add_argument("--steps", type=int, default=5)
 parser.add_argument("--step-seconds", type=float, default=0.5)
@@ -34,6 +34,8 @@ parser.add_argument("--checkpoint-on-term", action="store_true")
 parser.add_argument("--term-work-seconds", type=float, default=0.0)
 parser.add_argument("--ignore-term", action="store_true")
 parser.add_argument("--poll-store", action="store_true")
+parser.add_argument("--linger-host", default="")  # this host's ranks work on after training
+parser.add_argument("--linger-seconds", type=float, default=0.0)
 args, _ = parser.parse_known_args()
 
 out = os.environ["SM_OUTPUT_DATA_DIR"]
@@ -88,7 +90,7 @@ print(f"started rank {rank} pid {os.getpid()} t={time.time():.3f}", flush=True)
 while step < args.steps:
     while sleeping_through:  # a rank that ignores SIGTERM and never finishes
         time.sleep(0.1)
-    if rank == args.fault_rank and step == args.fault_step:
+    if str(rank) in args.fault_rank.split(",") and step == args.fault_step:
         if args.fault == "raise":
             raise ValueError(f"planted failure at step {step}")
         if args.fault == "segfault":
@@ -104,5 +106,7 @@ while step < args.steps:
     while time.time() < deadline:  # sleep in slices so a signal handler runs promptly
         time.sleep(0.05)
 dist.destroy_process_group()
+if os.environ.get("CURRENT_HOST") == args.linger_host:  # e.g. saving the model
+    time.sleep(args.linger_seconds)
 print(f"done rank {rank}", flush=True)
 leave(0)

@@ -5,6 +5,7 @@ in coordination.py (10 s, heartbeats every second). A "killed" host is a raw soc
 and closes, as the kernel does for a process killed with SIGKILL; a "frozen" one is a raw socket
 that joins and then never says anything again (SIGSTOP, a hung machine, a cut network)."""
 
+import contextlib
 import json
 import socket
 import threading
@@ -12,7 +13,14 @@ import time
 
 import pytest
 
-from container_entry.coordination import Coordinator, Member, PeerFailure, tune
+from container_entry.coordination import (
+    Coordinator,
+    Member,
+    PeerFailure,
+    join_proof,
+    tune,
+    welcome_proof,
+)
 from container_entry.errors import NetworkError
 from container_entry.records import RankRecord
 
@@ -54,11 +62,33 @@ def background_join(m: Member, timeout: float) -> list[BaseException]:
     return raised
 
 
-def raw_join(host: str, port: int) -> socket.socket:
-    """A host's bootstrap that joins and then says nothing more (frozen, or about to be
-    killed)."""
+def send(sock: socket.socket, message: dict) -> None:
+    sock.sendall((json.dumps(message) + "\n").encode())
+
+
+def receive(sock: socket.socket, timeout: float = 5.0) -> dict:
+    """The next line from a raw socket, as JSON (one byte at a time: nothing read past it)."""
+    sock.settimeout(timeout)
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = sock.recv(1)
+        if not byte:
+            raise ConnectionError(f"closed after {line!r}")
+        line += byte
+    return json.loads(line)
+
+
+def raw_join(host: str, port: int, key: bytes = b"") -> socket.socket:
+    """A host's bootstrap that joins (the handshake done by hand) and then says nothing more
+    (frozen, or about to be killed)."""
     sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall((json.dumps({"type": "join", "host": host}) + "\n").encode())
+    hello = receive(sock)
+    nonce = "ab" * 32
+    proof = join_proof(key, hello["nonce"], nonce, host, None, 1)
+    join = {"host": host, "machine": None, "workers": 1, "nonce": nonce, "proof": proof}
+    send(sock, {"type": "join", **join})
+    welcome = receive(sock)
+    assert welcome == {"type": "welcome", "proof": welcome_proof(key, nonce, hello["nonce"], host)}
     return sock
 
 
@@ -145,6 +175,19 @@ def test_the_master_does_not_wait_for_a_frozen_host_at_finish():
     coordinator.close()
 
 
+def master_handshake(connection: socket.socket, key: bytes = b"", proof: str | None = None):
+    """The master's half of the handshake, by hand; `proof` replaces the welcome's."""
+    nonce = "cd" * 32
+    send(connection, {"type": "hello", "version": 1, "nonce": nonce})
+    join = receive(connection)
+    assert join["proof"] == join_proof(
+        key, nonce, join["nonce"], join["host"], join["machine"], join["workers"]
+    )
+    proof = proof or welcome_proof(key, join["nonce"], nonce, join["host"])
+    send(connection, {"type": "welcome", "proof": proof})
+    return join
+
+
 def frozen_master(port: int, *, say_start: bool) -> tuple[socket.socket, list[socket.socket]]:
     """A master's bootstrap that accepts (the kernel does that) and then says nothing more."""
     server = socket.socket()
@@ -156,8 +199,9 @@ def frozen_master(port: int, *, say_start: bool) -> tuple[socket.socket, list[so
     def accept():
         connection, _ = server.accept()
         accepted.append(connection)
-        if say_start:
-            connection.sendall(b'{"type": "start"}\n')
+        if say_start:  # the handshake, then the start, then nothing
+            master_handshake(connection)
+            send(connection, {"type": "start", "machines": {}})
 
     threading.Thread(target=accept, daemon=True).start()
     return server, accepted
@@ -330,4 +374,743 @@ def test_a_member_up_before_the_master_joins_soon_after_the_master_listens(maste
     assert time.monotonic() - opened < 0.3
     for m in (one, two):
         m.close()
+    coordinator.close()
+
+
+# -- trust: only the job's hosts take part (README, "The side channel") ----------------------
+
+KEY = b"k" * 32
+HOSTS3 = ("algo-1", "algo-2", "algo-3")
+CUDA = {
+    "host": "algo-2",
+    "rank": 3,
+    "local_rank": 1,
+    "returncode": -11,
+    "signal": "SIGSEGV",
+    "exception": {"type": "RuntimeError", "message": "CUDA error: an illegal memory access"},
+}
+ATTACKS = {  # what a stranger in the job's subnets sends to the master's side channel
+    "bad join": b'{"type":"join","host":"algo-2","workers":"x"}\n',
+    "200,000 [": b"[" * 200_000,
+    "deep JSON line": b"[" * 60_000 + b"\n",
+    "forged failure": (json.dumps({"type": "failed", "failure": CUDA}) + "\n").encode(),
+    "failure as a string": b'{"type":"failed","failure":"boom"}\n',
+    "beat before a join": b'{"type":"beat","idle":1e308}\n',
+    "unproven join": (
+        json.dumps(
+            {
+                "type": "join",
+                "host": "algo-2",
+                "machine": None,
+                "workers": 1,
+                "nonce": "0" * 64,
+                "proof": "0" * 64,
+            }
+        )
+        + "\n"
+    ).encode(),
+}
+
+
+def keyed(host: str, port: int, key: bytes = KEY, **kwargs) -> Member:
+    return Member(host, "127.0.0.1", port, key=key, **{**FAST, **kwargs})
+
+
+def refused_lines(text: str, address: str) -> list[str]:
+    return [
+        line
+        for line in text.splitlines()
+        if line.startswith(f"[container-entry] side channel: refused {address} (")
+    ]
+
+
+def attack(port: int, payload: bytes, chunk: int = 1 << 16) -> tuple[str, int, bool]:
+    """Send `payload` as a stranger; (our address, bytes the master took, whether it cut us
+    off). The stranger reads nothing: the master's hello stays unread."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    address = "{}:{}".format(*sock.getsockname())
+    sent, cut = 0, False
+    sock.settimeout(5)
+    try:
+        view = memoryview(payload)
+        while sent < len(view):
+            sent += sock.send(view[sent : sent + chunk])
+    except OSError:
+        cut = True
+    if not cut:
+        sock.settimeout(2)
+        try:
+            while sock.recv(65536):
+                pass  # the hello and the refusal, then the close
+            cut = True
+        except TimeoutError:
+            cut = False  # still open
+        except OSError:
+            cut = True  # reset: closed with our data unread
+    sock.close()
+    return address, sent, cut
+
+
+@pytest.fixture
+def job3():
+    """A running job of three keyed hosts, all joined and started."""
+    port = free_port()
+    coordinator = Coordinator(HOSTS3, port, key=KEY, **FAST)
+    members = [keyed(h, port) for h in HOSTS3]
+    join_all(members)
+    yield coordinator, members, port
+    for m in members:
+        m.close()
+    coordinator.close()
+
+
+@pytest.mark.parametrize("name", ATTACKS)
+def test_a_stranger_is_refused_and_logged_and_the_job_goes_on_and_still_notices_a_frozen_host(
+    job3, capsys, name
+):
+    coordinator, (one, two, three), port = job3
+    address, _, cut = attack(port, ATTACKS[name])
+    assert cut  # the master closed the stranger's connection
+    deadline = time.monotonic() + 2
+    while not refused_lines(capsys.readouterr().err, address) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [a for a, _ in coordinator.refused] == [address]
+    time.sleep(3 * BEAT)
+    assert not any(m.aborted.is_set() for m in (one, two, three))  # the job is untouched
+    assert coordinator.thread.is_alive() and coordinator.first_failure is None
+    # heartbeats and the liveness watch still work: algo-3 goes silent and is named
+    three.interval = float("inf")
+    assert one.aborted.wait(LIVENESS + 1) and two.aborted.wait(1)
+    assert one.abort is not None and one.abort.what.startswith("host algo-3 stopped answering")
+
+
+def test_the_refusal_names_the_stranger_and_why(job3, capsys):
+    coordinator, _, port = job3
+    reasons = {}
+    for name in ("bad join", "200,000 [", "forged failure", "failure as a string"):
+        address, _, _ = attack(port, ATTACKS[name])
+        time.sleep(0.1)
+        reasons[name] = dict(coordinator.refused)[address]
+    assert reasons == {
+        "bad join": "join without machine, nonce, proof",
+        "200,000 [": "a line over 64 KiB",
+        "forged failure": "not a host of this job: 'failed' before a join",
+        "failure as a string": "not a host of this job: 'failed' before a join",
+    }
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+
+
+def test_a_100_mb_line_is_cut_off_at_once_with_flat_memory(job3):
+    coordinator, members, port = job3
+    started = time.monotonic()
+    address, sent, cut = attack(port, b"x" * (100 << 20), chunk=1 << 20)
+    took = time.monotonic() - started
+    assert cut and sent < 100 << 20  # the master stopped reading after its line limit
+    assert dict(coordinator.refused)[address] == "a line over 64 KiB"
+    assert took < 2.0, took
+    assert not any(m.aborted.is_set() for m in members)
+
+
+def test_a_wrong_key_is_refused_and_the_member_says_why(capsys):
+    port = free_port()
+    coordinator = Coordinator(("algo-1", "algo-2"), port, key=KEY, **FAST)
+    one = keyed("algo-1", port)
+    raised = background_join(one, 10)
+    other = keyed("algo-2", port, key=b"another job's key")
+    with pytest.raises(NetworkError) as caught:
+        other.join(5)
+    assert str(caught.value).startswith(
+        "the master host 127.0.0.1 refused this host (not a host of this job: bad proof): "
+        "every host must derive the same job key"
+    )
+    assert "CONTAINER_ENTRY_JOB_SECRET" in str(caught.value)
+    assert coordinator.missing() == ["algo-2"] and not raised and not one.aborted.is_set()
+    assert "bad proof, claims algo-2)" in capsys.readouterr().err
+    for m in (one, other):
+        m.close()
+    coordinator.close()
+
+
+def test_a_member_trusts_no_master_that_cannot_prove_the_key():
+    port = free_port()
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", port))
+    server.listen()
+
+    def impostor():
+        connection, _ = server.accept()
+        with contextlib.suppress(OSError):  # the member hangs up on it
+            master_handshake(connection, proof="0" * 64)  # it cannot know the key
+            send(connection, {"type": "start", "machines": {}})
+            send(connection, {"type": "abort", "failure": CUDA})  # and would end the job
+            time.sleep(1)
+        connection.close()
+
+    threading.Thread(target=impostor, daemon=True).start()
+    two = keyed("algo-2", port, key=b"")
+    with pytest.raises(NetworkError, match=r"is not this job's master \(its proof is wrong\)"):
+        two.join(5)
+    assert two.abort is None and not two.started.is_set()
+    two.close()
+    server.close()
+
+
+def test_an_unknown_host_and_a_second_join_of_a_host_are_refused(job3):
+    coordinator, members, port = job3
+    stranger = socket.create_connection(("127.0.0.1", port))
+    hello = receive(stranger)
+    nonce = "ef" * 32
+    for host in ("algo-9", "algo-2"):  # not in the job; already joined (even with the key)
+        sock = stranger if host == "algo-9" else socket.create_connection(("127.0.0.1", port))
+        challenge = hello["nonce"] if host == "algo-9" else receive(sock)["nonce"]
+        proof = join_proof(KEY, challenge, nonce, host, None, 1)
+        join = {"host": host, "machine": None, "workers": 1, "nonce": nonce, "proof": proof}
+        send(sock, {"type": "join", **join})
+        assert receive(sock)["type"] == "refused"
+        sock.close()
+    time.sleep(0.1)
+    assert not any(m.aborted.is_set() for m in members)
+    reasons = [why for _, why in coordinator.refused]
+    assert reasons == [
+        "not a host of this job: unknown host name 'algo-9'",
+        "algo-2 already joined",
+    ]
+
+
+def test_nothing_after_a_refused_join_counts_even_in_the_same_packet(job3):
+    coordinator, members, port = job3
+    sock = socket.create_connection(("127.0.0.1", port))
+    receive(sock)  # the hello
+    join = {"host": "algo-2", "machine": None, "workers": 1, "nonce": "0" * 64}
+    forged = {"type": "failed", "failure": CUDA}
+    done = {"type": "done", "host": "algo-2"}
+    sock.sendall(
+        b"".join(
+            (json.dumps(m) + "\n").encode()
+            for m in ({"type": "join", **join, "proof": "1" * 64}, forged, done)
+        )
+    )
+    assert receive(sock) == {"type": "refused", "reason": "not a host of this job: bad proof"}
+    time.sleep(3 * BEAT)
+    assert coordinator.first_failure is None and coordinator.finished == set()
+    assert not any(m.aborted.is_set() for m in members)
+    sock.close()
+
+
+def test_a_connection_that_does_not_join_in_time_is_dropped():
+    port = free_port()
+    coordinator = Coordinator(("algo-1",), port, key=KEY, auth_timeout=0.2, **FAST)
+    silent = socket.create_connection(("127.0.0.1", port))
+    assert receive(silent)["type"] == "hello"
+    assert receive(silent, timeout=2) == {"type": "refused", "reason": "did not join within 0.2 s"}
+    assert silent.recv(1) == b""  # closed
+    silent.close()
+    coordinator.close()
+
+
+def addresses_of(table: dict[str, list[str]]):
+    calls: list[str] = []
+
+    def resolve(host: str) -> list[str]:
+        calls.append(host)
+        found = table.get(host)
+        if not found:
+            raise OSError(f"{host} does not resolve")
+        return found
+
+    return resolve, calls
+
+
+def test_a_join_from_an_address_its_host_does_not_resolve_to_is_refused(capsys):
+    port = free_port()
+    resolve, _ = addresses_of({"algo-1": ["127.0.0.1"], "algo-2": ["10.0.1.5"]})
+    coordinator = Coordinator(("algo-1", "algo-2"), port, key=KEY, resolve=resolve, **FAST)
+    one, two = keyed("algo-1", port), keyed("algo-2", port)  # both from 127.0.0.1
+    raised = background_join(one, 10)
+    with pytest.raises(NetworkError, match=r"refused this host \(not a host of this job: address"):
+        two.join(5)
+    assert coordinator.missing() == ["algo-2"] and not raised
+    (address, why), *_ = coordinator.refused
+    assert why == (
+        "not a host of this job: address mismatch, claims algo-2, which resolves to 10.0.1.5"
+    )
+    assert refused_lines(capsys.readouterr().err, address)
+    for m in (one, two):
+        m.close()
+    coordinator.close()
+
+
+def test_a_host_whose_name_resolves_late_is_admitted_and_what_it_said_meanwhile_counts():
+    port = free_port()
+    table = {"algo-1": ["127.0.0.1"]}
+    resolve, calls = addresses_of(table)
+    coordinator = Coordinator(("algo-1", "algo-2"), port, key=KEY, resolve=resolve, **FAST)
+    one, two = keyed("algo-1", port), keyed("algo-2", port)
+    raised = [background_join(m, 10) for m in (one, two)]
+    deadline = time.monotonic() + 2
+    while calls.count("algo-2") < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not coordinator.has_joined("algo-2")  # proven, its address not yet checked
+    table["algo-2"] = ["::1", "127.0.1.1"]  # DNS caught up: a loopback name on this machine
+    assert two.started.wait(3) and one.started.wait(1) and not any(raised)
+    two.post_failure(RankRecord(host="algo-2", rank=1, returncode=1))
+    assert one.aborted.wait(2) and one.abort.rank == 1
+    for m in (one, two):
+        m.close()
+    coordinator.close()
+
+
+def test_a_host_speaks_only_for_itself(job3, capsys):
+    coordinator, (one, two, three), _ = job3
+    two._send({"type": "done", "host": "algo-3"})
+    two._send({"type": "failed", "failure": {**CUDA, "host": "algo-3"}})
+    time.sleep(0.2)
+    assert coordinator.finished == set() and coordinator.first_failure is None
+    err = capsys.readouterr().err
+    assert "ignored 'done' from algo-2 (127.0.0.1:" in err
+    assert "ignored a failure from algo-2 (127.0.0.1:" in err and "about another host" in err
+    # a failure naming no host is this host's own
+    two._send({"type": "failed", "failure": {"host": None, "rank": None, "returncode": 2}})
+    assert one.aborted.wait(2) and three.aborted.wait(2)
+    assert one.abort == RankRecord(host="algo-2", rank=None, returncode=2)
+
+
+def test_a_malformed_message_from_the_master_never_stops_the_member_listening(capsys):
+    port = free_port()
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", port))
+    server.listen()
+    heard = threading.Event()
+
+    def master():
+        connection, _ = server.accept()
+        master_handshake(connection)
+        for bad in (
+            {"type": "start", "machines": {"boot": ["x", 1]}},
+            {"type": "start", "machines": []},
+            {"type": "abort", "failure": "boom"},
+            {"type": "abort", "failure": {"host": 7}},
+            {"type": "beat", "waiting": "algo-3"},
+            {"type": "beat", "waiting_count": float("nan")},
+        ):
+            connection.sendall(json.dumps(bad).encode() + b"\n")
+        connection.sendall(b"[" * 200_000 + b"\n")
+        connection.sendall(b'{"type":"start","machines":{"boot":[1,2]}}\n')
+        heard.wait(5)
+        send(connection, {"type": "abort", "failure": CUDA})
+        time.sleep(1)
+        connection.close()
+
+    threading.Thread(target=master, daemon=True).start()
+    two = Member("algo-2", "127.0.0.1", port, liveness_timeout=5.0, interval=BEAT, machine="boot")
+    two.join(5)
+    assert two.machine_share() == (1, 2)  # only the valid start counted
+    heard.set()
+    assert two.aborted.wait(3) and not two.lost_master
+    assert two.abort is not None and two.abort.rank == 3
+    err = capsys.readouterr().err
+    assert "ignored a message from the master host 127.0.0.1: start machine tally" in err
+    assert "Traceback" not in err
+    two.close()
+    server.close()
+
+
+def test_a_defect_serving_one_connection_touches_no_other(job3, monkeypatch, capsys):
+    coordinator, (one, two, three), port = job3
+    from container_entry import coordination
+
+    real = coordination.to_master
+
+    def defective(message):
+        if message.get("type") == "join" and message.get("host") == "algo-9":
+            raise RuntimeError("a defect of ours")
+        return real(message)
+
+    monkeypatch.setattr(coordination, "to_master", defective)
+    address, _, cut = attack(port, b'{"type":"join","host":"algo-9"}\n')
+    assert cut
+    time.sleep(3 * BEAT)
+    err = capsys.readouterr().err
+    assert f"side channel: internal error serving {address}: RuntimeError: a defect" in err
+    assert coordinator.thread.is_alive() and not any(m.aborted.is_set() for m in (one, two))
+    two.post_failure(RankRecord(host="algo-2", rank=4, returncode=1))
+    assert one.aborted.wait(2) and three.aborted.wait(2)
+
+
+def test_a_flood_of_strangers_is_logged_a_few_lines_only(job3, capsys):
+    coordinator, members, port = job3
+    for _ in range(40):
+        attack(port, ATTACKS["bad join"])
+    time.sleep(0.2)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "side channel:" in line]
+    assert len(coordinator.refused) == 40
+    assert 1 <= len(lines) <= 11, lines
+    assert not any(m.aborted.is_set() for m in members)
+
+
+def test_strangers_waiting_to_join_cannot_crowd_out_the_hosts(monkeypatch):
+    from container_entry import coordination
+
+    monkeypatch.setattr(coordination, "MAX_UNJOINED", 4)
+    port = free_port()
+    coordinator = Coordinator(("algo-1", "algo-2"), port, key=KEY, **FAST)
+    strangers = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]
+    one, two = keyed("algo-1", port), keyed("algo-2", port)
+    join_all([one, two])
+    assert len(coordinator.refused) >= 4  # the oldest went first
+    for sock in strangers:
+        sock.close()
+    for m in (one, two):
+        m.close()
+    coordinator.close()
+
+
+# -- the pieces -----------------------------------------------------------------------------
+
+
+def sagemaker_facts(host: str, **changes):
+    resource = {
+        "current_host": host,
+        "current_instance_type": "ml.p4d.24xlarge" if host == "algo-1" else "ml.g5.xlarge",
+        "current_group_name": "gpu" if host == "algo-1" else "small",
+        "hosts": ["algo-2", "algo-1"] if host == "algo-1" else ["algo-1", "algo-2"],
+        "instance_groups": [
+            {"instance_group_name": "gpu", "instance_type": "ml.p4d.24xlarge", "hosts": ["algo-1"]},
+            {"instance_group_name": "small", "instance_type": "ml.g5.xlarge", "hosts": ["algo-2"]},
+        ][:: 1 if host == "algo-1" else -1],
+        "network_interface_name": "eth0" if host == "algo-1" else "ethwe",
+    }
+    environ = {
+        "TRAINING_JOB_NAME": "job-2026-01-01-00-00-00-123",
+        "TRAINING_JOB_ARN": "arn:aws:sagemaker:us-east-1:111122223333:training-job/job",
+        # may differ per host (nothing says otherwise): never part of the key
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI": f"/v2/credentials/proxy-{host}",
+        "CURRENT_HOST": host,
+        "HOSTNAME": f"ip-10-0-0-{1 if host == 'algo-1' else 2}",
+    }
+    facts = {
+        "environ": environ,
+        "resource_config": resource,
+        "hyperparameters": {"epochs": "3", "sagemaker_program": '"train.py"'},
+        "input_data_config": {"train": {"TrainingInputMode": "File"}},
+    }
+    for name, value in changes.items():
+        where, _, field = name.partition("__")
+        if field:
+            facts[where] = {**facts[where], field: value}
+        else:
+            facts[where] = value
+    return facts
+
+
+def key_of(facts) -> bytes:
+    from container_entry.coordination import job_key
+
+    return job_key(**facts)
+
+
+def test_every_host_of_a_job_derives_the_same_key_and_another_job_another():
+    key = key_of(sagemaker_facts("algo-1"))
+    assert key == key_of(sagemaker_facts("algo-2")) and len(key) == 32
+    for change in (
+        {"environ__TRAINING_JOB_NAME": "job-2026-01-01-00-00-00-124"},
+        {"environ__TRAINING_JOB_ARN": "arn:aws:sagemaker:us-east-1:1:training-job/other"},
+        {"hyperparameters__epochs": "4"},
+        {"input_data_config": {"train": {"TrainingInputMode": "Pipe"}}},
+        {"resource_config__hosts": ["algo-1", "algo-2", "algo-3"]},
+    ):
+        assert key_of(sagemaker_facts("algo-2", **change)) != key, change
+
+
+def test_a_secret_set_on_every_host_is_the_key_and_must_not_be_short():
+    from container_entry.coordination import job_key
+    from container_entry.errors import ConfigError
+
+    secret = {"CONTAINER_ENTRY_JOB_SECRET": "s" * 16}
+    one = sagemaker_facts("algo-1", environ__CONTAINER_ENTRY_JOB_SECRET="s" * 16)
+    other = sagemaker_facts("algo-2", environ=secret, hyperparameters={"x": "1"})
+    assert key_of(one) == key_of(other) != key_of(sagemaker_facts("algo-1"))
+    assert job_key(secret, None, {}, {}) == key_of(one)
+    with pytest.raises(ConfigError, match="CONTAINER_ENTRY_JOB_SECRET is 5 characters"):
+        job_key({"CONTAINER_ENTRY_JOB_SECRET": "short"}, None, {}, {})
+
+
+def test_a_torchrun_style_cluster_keys_on_its_rendezvous_variables():
+    from container_entry.coordination import job_key
+
+    node = {"PET_NNODES": "2", "PET_MASTER_ADDR": "job-master-0", "PET_MASTER_PORT": "23456"}
+    assert job_key({**node, "PET_NODE_RANK": "0"}, None, {}, {}) == job_key(
+        {**node, "PET_NODE_RANK": "1"}, None, {}, {}
+    )
+    assert job_key(node, None, {}, {}) != job_key({**node, "PET_NNODES": "3"}, None, {}, {})
+
+
+def test_a_proof_binds_the_key_both_challenges_and_the_whole_join():
+    base = ("n" * 64, "m" * 64, "algo-2", "boot", 8)
+    proof = join_proof(KEY, *base)
+    assert len(proof) == 64 and proof == join_proof(KEY, *base)
+    assert join_proof(b"other", *base) != proof
+    for index, other in enumerate(("o" * 64, "p" * 64, "algo-3", "boot2", 9)):
+        changed = list(base)
+        changed[index] = other
+        assert join_proof(KEY, *changed) != proof
+    assert welcome_proof(KEY, "m" * 64, "n" * 64, "algo-2") != proof  # never the same message
+
+
+@pytest.mark.parametrize(
+    ("address", "resolved", "matches"),
+    [
+        ("10.0.1.5", ["10.0.1.5"], True),
+        ("10.0.1.5", ["10.0.1.6", "10.0.1.5"], True),
+        ("10.0.3.7", ["10.0.1.5"], False),
+        ("10.0.3.7", [], False),
+        ("127.0.0.1", ["127.0.1.1"], True),  # a name for this machine, from this machine
+        ("127.0.0.1", ["::1"], True),
+        ("127.0.0.1", ["10.0.1.5"], False),
+        ("10.0.1.5", ["127.0.0.1"], False),  # loopback names admit only loopback peers
+        ("::ffff:10.0.1.5", ["10.0.1.5"], True),
+        ("fe80::1%eth0", ["fe80::1"], True),
+        ("not an address", ["10.0.1.5"], False),
+        ("10.0.1.5", ["garbage", "10.0.1.5"], True),
+    ],
+)
+def test_the_address_check(address, resolved, matches):
+    from container_entry.coordination import address_matches
+
+    assert address_matches(address, resolved) is matches
+
+
+def test_lines_are_found_in_new_data_only_and_none_grows_past_the_limit():
+    from container_entry.coordination import Invalid, _Lines
+
+    lines = _Lines(16)
+    assert lines.feed(b'{"a"') == [] and lines.feed(b':1}\n{"b":2}\n{') == [b'{"a":1}', b'{"b":2}']
+    items = lines.feed(b"x" * 40)
+    assert len(items) == 1 and isinstance(items[0], Invalid) and not lines.buffer
+    assert lines.feed(b"y" * 100) == []  # the rest of that line: skipped, never kept
+    assert lines.feed(b'yyy\n{"c":3}\n') == [b'{"c":3}']
+    whole = lines.feed(b"z" * 20 + b"\n" + b"{}\n")
+    assert isinstance(whole[0], Invalid) and whole[1:] == [b"{}"]
+    # a 100 MB line without a newline, in 64 KiB chunks: linear, the buffer stays bounded
+    big = _Lines(64 * 1024)
+    chunk = b"[" * 65536
+    started = time.process_time()
+    for _ in range(1600):
+        big.feed(chunk)
+        assert len(big.buffer) <= 64 * 1024
+    assert time.process_time() - started < 2.0
+
+
+@pytest.mark.parametrize(
+    ("line", "why"),
+    [
+        (b"[" * 50_000, "not JSON (nested too deeply)"),
+        (b'{"a":' * 50_000, "not JSON"),
+        (b"\xff\xfe", "not JSON"),
+        (b'{"type":"beat","idle":NaN}', "not JSON (NaN is not a number)"),
+        (b"[1, 2]", "not a JSON object but list"),
+    ],
+)
+def test_parse_refuses_what_is_not_one_json_object(line, why):
+    from container_entry.coordination import Invalid, parse
+
+    with pytest.raises(Invalid) as caught:
+        parse(line)
+    assert str(caught.value).startswith(why)
+
+
+@pytest.mark.parametrize(
+    ("message", "why"),
+    [
+        ({"type": "join", "host": "algo-2", "workers": "x"}, "join without machine, nonce, proof"),
+        (
+            {
+                "type": "join",
+                "host": "a",
+                "machine": None,
+                "workers": "x",
+                "nonce": "",
+                "proof": "",
+            },
+            "join workers is not an integer",
+        ),
+        (
+            {"type": "join", "host": "a", "machine": 1, "workers": 1, "nonce": "", "proof": ""},
+            "join machine is not a string",
+        ),
+        (
+            {"type": "join", "host": "a" * 254, "machine": None, "workers": 1},
+            "join without nonce, proof",
+        ),
+        ({"type": "beat", "idle": -1}, "beat idle is not a finite number"),
+        ({"type": "beat", "idle": True}, "beat idle is not a number"),
+        ({"type": "beat", "extra": 1}, "beat with unknown field(s) 'extra'"),
+        ({"type": "beat", "\n[container-entry] x": 1}, "beat with unknown field(s) '\\n[cont"),
+        ({"type": "failed", "failure": "boom"}, "failure is not an object"),
+        ({"type": "failed", "failure": {"what": "x" * 2001}}, "failure what is longer than"),
+        ({"type": "failed", "failure": {"rank": -1}}, "failure rank is not between"),
+        ({"type": "failed", "failure": {"returncode": 2**40}}, "failure returncode is not"),
+        ({"type": "failed", "failure": {"exception": "x"}}, "failure exception is not"),
+        ({"type": "failed", "failure": {"stderr_tail": []}}, "failure with unknown field(s)"),
+        ({"type": "done", "host": ["algo-2"]}, "done host is not a string"),
+        ({"type": "abort"}, "unknown message type 'abort'"),
+        ({"kind": "join"}, "unknown message type 'None'"),
+    ],
+)
+def test_every_message_to_the_master_is_checked_against_its_schema(message, why):
+    from container_entry.coordination import Invalid, to_master
+
+    with pytest.raises(Invalid) as caught:
+        to_master(message)
+    assert str(caught.value).startswith(why), caught.value
+
+
+def test_a_failure_of_this_host_always_fits_the_schema():
+    from container_entry.coordination import LINE_LIMIT, failure_record, fitted, to_master
+
+    record = RankRecord(
+        host="algo-2",
+        rank=3,
+        returncode=1,
+        what="\U0001f4a5" * 10_000,
+        last_words="\x00" * 10_000,
+        exception={"type": "E" * 1000, "message": "é" * 50_000},
+        fatal_error="f" * 5000,
+    ).relayed()
+    message = {"type": "failed", "failure": fitted(record)}
+    assert len(json.dumps(message)) + 1 <= LINE_LIMIT
+    assert to_master(json.loads(json.dumps(message)))["failure"]["rank"] == 3
+    assert failure_record(RankRecord(host="algo-2", rank=None, returncode=2).relayed())
+
+
+def test_the_bootstrap_derives_the_key_alike_from_its_environment_and_from_the_files(tmp_path):
+    from container_entry import job, settings
+    from container_entry.plan import build_plan
+    from tests.unit.conftest import make_env
+
+    facts = {host: sagemaker_facts(host) for host in ("algo-1", "algo-2")}
+    envs = {
+        host: make_env(
+            base_dir=tmp_path / host,
+            environ=f["environ"],
+            resource_config=f["resource_config"],
+            hyperparameters=f["hyperparameters"],
+            input_data_config=f["input_data_config"],
+        )
+        for host, f in facts.items()
+    }
+    keys = {host: job.side_channel_key(env) for host, env in envs.items()}
+    assert keys["algo-1"] == keys["algo-2"] == key_of(facts["algo-1"])
+    config = tmp_path / "algo-2" / "input" / "config"
+    config.mkdir(parents=True)
+    for name, field in (
+        ("resourceconfig.json", "resource_config"),
+        ("hyperparameters.json", "hyperparameters"),
+        ("inputdataconfig.json", "input_data_config"),
+    ):
+        (config / name).write_text(json.dumps(facts["algo-2"][field]))
+    from_files = job._key_from_files(tmp_path / "algo-2", facts["algo-2"]["environ"])
+    assert from_files == keys["algo-1"]
+    # the secret is no misspelt setting, and is masked like every credential
+    secret = {"CONTAINER_ENTRY_JOB_SECRET": "a-long-random-job-secret"}
+    assert settings.resolve(secret, {}) == settings.Settings()
+    plan = build_plan(make_env(environ={"SAGEMAKER_PROGRAM": "train.py", **secret}))
+    assert "a-long-random-job-secret" in plan.secrets
+    assert "a-long-random-job-secret" not in plan.to_json()
+
+
+def test_a_master_whose_own_host_is_refused_says_why_and_tells_the_others(monkeypatch, tmp_path):
+    import dataclasses
+
+    from container_entry import job, network
+    from container_entry.coordination import job_key
+    from container_entry.plan import build_plan
+    from container_entry.stopping import Stop
+    from tests.unit.conftest import make_env
+
+    port = free_port()
+    while True:  # the master port and the side channel's beside it, both free
+        with socket.socket() as probe:
+            try:
+                probe.bind(("0.0.0.0", port + 1))
+                break
+            except OSError:
+                port = free_port()
+    config = {"current_host": "algo-1", "hosts": ["algo-1", "algo-2"]}
+    environ = {"SAGEMAKER_PROGRAM": "train.py", "CONTAINER_ENTRY_MASTER_PORT": str(port)}
+    plan = build_plan(make_env(resource_config=config, environ=environ))
+    plan = dataclasses.replace(plan, master_addr="127.0.0.1")
+    monkeypatch.setattr(network, "wait_for_hosts", lambda *args, **kwargs: None)
+    # algo-1 resolves elsewhere: its own bootstrap's connection (from 127.0.0.1) is refused
+    monkeypatch.setattr(
+        network, "addresses", lambda host: {"127.0.0.1"} if host == "algo-2" else {"10.9.9.9"}
+    )
+    two = Member("algo-2", "127.0.0.1", port + 1, key=job_key({}, None, {}, {}))
+    raised = background_join(two, 10)
+    master = job.Job(plan, {}, tmp_path, Stop())
+    try:
+        with pytest.raises(NetworkError, match=r"refused this host \(not a host of this job: addr"):
+            master.join()
+        assert two.aborted.wait(3)
+        time.sleep(0.2)
+        assert len(raised) == 1 and isinstance(raised[0], PeerFailure)
+        assert str(raised[0]).startswith(
+            "algo-1: NetworkError: the master host 127.0.0.1 refused this host (not a host of "
+            "this job: address mismatch); algo-2 started no worker because of it"
+        )
+    finally:
+        two.close()
+        master.finish()
+
+
+def test_two_failures_at_once_are_one_story_decided_by_the_ranks_own_end_times():
+    """Failures on algo-1 and algo-2 14 ms apart, the later one arriving first: the master
+    first stops every host with what arrived, then decides by the ranks' end times (each
+    host's clock measured from its heartbeats) and tells every host, the posters included."""
+    port = free_port()
+    coordinator = Coordinator(("algo-1", "algo-2", "algo-3"), port, **FAST)
+    hosts = [member(f"algo-{i}", port) for i in (1, 2, 3)]
+    join_all(hosts)
+    time.sleep(BEAT * 4)  # a few heartbeats: every host's clock measured
+    now = time.time()
+    earlier = RankRecord(host="algo-1", rank=0, returncode=1, ended_at=now - 0.014)
+    later = RankRecord(host="algo-2", rank=3, returncode=1, ended_at=now)
+    hosts[1].post_failure(later)
+    assert hosts[0].aborted.wait(5) and hosts[0].abort.rank == 3  # arrival stops everyone
+    hosts[0].post_failure(earlier)  # ended before the abort reached algo-1: still posted
+    for host in hosts:
+        assert host.first_failure(5.0) is not None
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(h.first.rank != 0 for h in hosts):
+        time.sleep(0.02)
+    assert [(h.first.host, h.first.rank) for h in hosts] == [("algo-1", 0)] * 3
+    for host in hosts:
+        host.close()
+    coordinator.close()
+
+
+def test_without_a_measured_clock_arrival_decides_and_a_consequence_is_not_posted():
+    port = free_port()
+    coordinator = Coordinator(("algo-1", "algo-2"), port, liveness_timeout=5.0, interval=5.0)
+    one = Member("algo-1", "127.0.0.1", port, liveness_timeout=5.0, interval=5.0)
+    two = Member("algo-2", "127.0.0.1", port, liveness_timeout=5.0, interval=5.0)
+    join_all([one, two])  # no heartbeat yet (5 s apart): no clock known
+    now = time.time()
+    two.post_failure(RankRecord(host="algo-2", rank=1, returncode=1, ended_at=now))
+    assert one.aborted.wait(5)
+    one.post_failure(RankRecord(host="algo-1", rank=0, returncode=1, ended_at=now - 1))
+    assert two.first_failure(5.0).rank == 1 and one.first_failure(5.0).rank == 1
+    time.sleep(0.3)
+    assert one.first.rank == 1  # arrival order stands
+    # a failure that ended after this host heard of another's is its consequence: not posted
+    three = Member("algo-1", "127.0.0.1", port)
+    three.aborted_at, three.posted = now, False
+    three.aborted.set()
+    three.post_failure(RankRecord(host="algo-1", rank=0, returncode=1, ended_at=now + 1))
+    assert not three.posted
+    for host in (one, two):
+        host.close()
     coordinator.close()

@@ -13,6 +13,9 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
+from container_entry import logs
 from container_entry.hang import PROGRESS_ENV
 from container_entry.launch import (
     TorchrunOutput,
@@ -22,10 +25,12 @@ from container_entry.launch import (
     prepare_run_dir,
     tidy_run_dir,
 )
+from container_entry.masking import MASK, Masker
 from container_entry.plan import build_plan
 from container_entry.preflight import EXPECTED_GPUS_ENV
 from container_entry.worker import CONTROL_ENV
 from tests.unit.conftest import make_env
+from tests.unit.test_masking import CORE, TRICKY
 
 
 def test_the_workers_get_the_plan_s_additions_but_never_over_a_user_value(tmp_path):
@@ -211,3 +216,161 @@ def test_only_ranks_with_a_stack_handler_are_asked_for_stacks(tmp_path):
         for child in (python, shell):
             child.kill()
             child.wait()
+
+
+# -- torchrun's output: masked, and its failure report kept for the report only --------------
+
+
+def _report(tmp_path: Path, monkeypatch, message: str) -> str:
+    """What torchrun prints when a rank fails, made by the installed torch: the rank's `@record`
+    error file (its traceback, the message in it) and torchrun's ChildFailedError traceback
+    with the `====` report, a second rank killed by a signal beside it."""
+    import traceback
+
+    from torch.distributed.elastic.multiprocessing.errors import (
+        ChildFailedError,
+        ProcessFailure,
+    )
+    from torch.distributed.elastic.multiprocessing.errors.error_handler import ErrorHandler
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+    try:
+        raise RuntimeError(f"auth failed with key {message}")
+    except RuntimeError as error:
+        ErrorHandler().record_exception(error)
+    failures = {
+        0: ProcessFailure(local_rank=0, pid=123, exitcode=1, error_file=str(error_file)),
+        1: ProcessFailure(local_rank=1, pid=124, exitcode=-9, error_file=str(tmp_path / "none")),
+    }
+    try:
+        raise ChildFailedError("container_entry.worker", failures)
+    except ChildFailedError as error:
+        return "".join(traceback.format_exception(error))
+
+
+def _pump_in_pieces(capfd, text: str, piece: int = 23):
+    """`text` written to a real pipe in pieces of `piece` bytes (a secret cut across reads),
+    pumped by TorchrunOutput: (what reached our stderr, the kept tail)."""
+    script = (
+        "import sys, time\n"
+        f"data = {text.encode('utf-8', 'surrogateescape')!r}\n"
+        f"for i in range(0, len(data), {piece}):\n"
+        f"    sys.stderr.buffer.write(data[i:i + {piece}]); sys.stderr.flush(); time.sleep(0.001)\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
+    output = TorchrunOutput(b"[algo-1 rank ")
+    output.pump(process)
+    process.wait()
+    return capfd.readouterr().err, list(output.tail)
+
+
+FAILED_LINE = (
+    "E1204 20:07:13.839000 3198 torch/distributed/elastic/multiprocessing/api.py:1002] "
+    "failed (exitcode: 1) local_rank: 0 (pid: 123) of binary: /usr/bin/python\n"
+)
+NO_PARENT_FILE = (
+    "E1204 20:07:13.840000 3198 torch/distributed/elastic/multiprocessing/errors/"
+    "error_handler.py:194] no error file defined for parent, to copy child error file "
+    "(/tmp/torchelastic_x/none_y/attempt_0/0/error.json)\n"
+)
+
+
+@pytest.mark.parametrize("secret", TRICKY.values(), ids=TRICKY.keys())
+def test_torchrun_s_failure_report_is_masked_kept_and_not_shown(
+    capfd, tmp_path, monkeypatch, secret
+):
+    monkeypatch.setattr(logs, "MASKER", Masker([secret]))
+    report = _report(tmp_path, monkeypatch, secret)
+    assert CORE.search(report) and "ChildFailedError" in report  # what torch prints: the secret
+    text = (
+        f"[algo-1 rank 0] RuntimeError: auth failed with key {MASK}\n"
+        + FAILED_LINE
+        + NO_PARENT_FILE
+        + report
+        + "torchrun's line after the report\n"
+    )
+    shown, tail = _pump_in_pieces(capfd, text)
+    kept = "\n".join(tail)
+    assert not CORE.search(shown) and not CORE.search(kept), (shown, kept)
+    assert shown == (
+        f"[algo-1 rank 0] RuntimeError: auth failed with key {MASK}\n"
+        + FAILED_LINE
+        + "torchrun's line after the report\n"
+    )
+    assert "Root Cause (first observed failure):" in tail  # kept for the failure report
+    assert any(line.endswith("ChildFailedError: ") for line in tail)
+    assert f"  RuntimeError: auth failed with key {MASK}" in tail
+
+
+def test_torchrun_s_own_errors_are_shown_whole_and_masked(capfd, monkeypatch):
+    """A real torchrun error (here a rendezvous backend that does not exist) is what a user
+    needs when no rank ever reported: its whole chained traceback reaches the console."""
+    secret = TRICKY["everything"]
+    monkeypatch.setattr(logs, "MASKER", Masker([secret]))
+    error = (
+        "Traceback (most recent call last):\n"
+        '  File "/torch/distributed/elastic/rendezvous/api.py", line 370, in create_handler\n'
+        "    creator = self._registry[params.backend]\n"
+        "              ~~~~~~~~~~~~~~^^^^^^^^^^^^^^^^\n"
+        f"KeyError: {secret!r}\n"
+        "\n"
+        "The above exception was the direct cause of the following exception:\n"
+        "\n"
+        "Traceback (most recent call last):\n"
+        '  File "/torch/distributed/run.py", line 1138, in main\n'
+        "    run(args)\n"
+        f"ValueError: The rendezvous backend {json.dumps(secret)} is not registered.\n"
+    )
+    shown, tail = _pump_in_pieces(capfd, error)
+    assert shown == Masker([secret]).text(error)
+    assert "KeyError: '****'" in shown and 'backend "****" is not' in shown
+    assert not CORE.search(shown + "\n".join(tail))
+
+
+def test_a_traceback_cut_short_is_shown_but_a_report_cut_short_is_not(capfd, tmp_path, monkeypatch):
+    report = _report(tmp_path, monkeypatch, "nothing secret here")
+    cut = report[: report.index("Root Cause")]
+    shown, tail = _pump_in_pieces(capfd, "torchrun says\n" + cut)
+    assert shown == "torchrun says\n" and "container_entry.worker FAILED" in tail
+    other = 'Traceback (most recent call last):\n  File "run.py", line 1, in <module>\n'
+    shown, _ = _pump_in_pieces(capfd, other)
+    assert shown == other  # torchrun died inside it: what it said is shown after all
+
+
+def test_a_report_in_an_unknown_format_ends_at_its_exception_line(capfd):
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "run.py", line 1, in <module>\n'
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: short form\n"
+        "torchrun goes on\n"
+    )
+    shown, tail = _pump_in_pieces(capfd, text)
+    assert shown == "torchrun goes on\n"
+    assert tail[-2:] == [text.splitlines()[2], "torchrun goes on"]
+
+
+def test_a_traceback_held_when_a_teardown_starts_is_not_shown(capfd, tmp_path):
+    """torchrun's answer to our own SIGTERM: held until its exception line, by then quiet."""
+    go = tmp_path / "go"
+    script = (
+        "import os, sys, time\n"
+        "sys.stderr.write('torchrun says\\nTraceback (most recent call last):\\n  frame\\n')\n"
+        "sys.stderr.flush()\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
+        "sys.stderr.write('torch...api.SignalException: Process 1 got signal: 15\\n')\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
+    output = TorchrunOutput(b"[algo-1 rank ")
+
+    def teardown() -> None:
+        while "  frame" not in output.tail:
+            time.sleep(0.01)
+        output.quiet = True
+        go.touch()
+
+    threading.Thread(target=teardown, daemon=True).start()
+    output.pump(process)
+    process.wait()
+    assert capfd.readouterr().err == "torchrun says\n"
+    assert output.tail[-1] == "torch...api.SignalException: Process 1 got signal: 15"

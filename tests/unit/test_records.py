@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from container_entry.records import RankRecord, read_json, write_json
 
 
@@ -46,3 +48,26 @@ def test_writes_are_atomic_no_temporary_file_is_left(tmp_path):
         write_json(tmp_path / "rank-0.json", {"step": step})
     assert [p.name for p in tmp_path.iterdir()] == ["rank-0.json"]
     assert read_json(tmp_path / "rank-0.json") == {"step": 19}
+
+
+def test_what_stopped_on_this_host_stays_in_its_record(tmp_path):
+    record = RankRecord(
+        host="algo-1",
+        rank=0,
+        log_error="rank log /x/rank-0.log stopped at 1,024 bytes: No space left on device",
+        console_error="console (stdout) stopped: Broken pipe",
+    )
+    write_json(tmp_path / "rank-0.json", record.to_json())
+    assert RankRecord.from_json(read_json(tmp_path / "rank-0.json")) == record
+    assert not {"log_error", "console_error"} & set(record.relayed())
+
+
+def test_a_write_that_fails_leaves_nothing_behind(tmp_path):
+    folder = tmp_path / "gone"
+    with pytest.raises(OSError):
+        write_json(folder / "rank-0.json", {"rank": 0})
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "ro" / "rank-0.json").mkdir()  # the rename fails: the temporary file goes
+    with pytest.raises(OSError):
+        write_json(tmp_path / "ro" / "rank-0.json", {"rank": 0})
+    assert [p.name for p in (tmp_path / "ro").iterdir()] == ["rank-0.json"]

@@ -3,18 +3,30 @@ become tagged lines, masked, in the log and on the console, whatever the reads c
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import re
 import select
 import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from container_entry import worker
 from container_entry.masking import MASK, Masker
-from container_entry.worker import Relay, atomic_size, console_stderr, write_all
+from container_entry.worker import (
+    Console,
+    RankLog,
+    Relay,
+    atomic_size,
+    console_stderr,
+    write_all,
+)
 
 PREFIX = b"[algo-1 rank 0] "
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
 class Sinks:
@@ -71,7 +83,7 @@ def test_partial_lines_wait_for_their_end(sinks):
 
 def test_every_line_of_a_chunk_is_tagged_in_one_write(sinks, monkeypatch):
     writes: list[tuple[int, bytes]] = []
-    monkeypatch.setattr(worker, "write_all", lambda fd, data: writes.append((fd, data)))
+    monkeypatch.setattr(worker, "write_fully", lambda fd, data: writes.append((fd, data)))
     relay = sinks.relay()
     relay.feed(b"one\ntwo\nthree\n")
     assert writes == [
@@ -182,7 +194,7 @@ def test_writes_to_a_shared_pipe_stay_within_pipe_buf_and_end_at_a_line_end(sink
     assert atomic_size(write) == select.PIPE_BUF
     assert atomic_size(sinks.log) == 0  # a regular file in append mode takes a write whole
     writes: list[bytes] = []
-    monkeypatch.setattr(worker, "write_all", lambda fd, data: writes.append(data))
+    monkeypatch.setattr(worker, "write_fully", lambda fd, data: writes.append(data))
     relay = Relay(write, sinks.log, PREFIX, Masker(), False, atomic=select.PIPE_BUF)
     lines = [b"%05d " % i + b"w" * (i % 300) for i in range(400)]
     lines.append(b"L" * 10_000)  # one line longer than PIPE_BUF goes out whole
@@ -225,3 +237,158 @@ def test_console_stderr_opens_the_given_stream_or_falls_back_to_fd_2(tmp_path):
         os.close(fd_)
     assert console_stderr(str(tmp_path / "missing")) == 2
     assert console_stderr(None) == 2
+
+
+def test_long_lines_from_processes_sharing_one_pipe_stay_whole():
+    """Two processes that inherited one pipe (one open file description, as a rank's fd 1
+    from torchrun) write 20 KB lines through Console while the reader is slow: each locks the
+    pipe through a description of its own, so no line is cut by the other's bytes."""
+    read, write = os.pipe()
+    fcntl.fcntl(read, F_SETPIPE_SZ, 4096)  # one page: every long write waits for the reader
+    children = []
+    for rank in (0, 1):
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                os.close(read)
+                console = Console(write)
+                for i in range(60):
+                    head = b"[rank %d] line %d " % (rank, i)
+                    console.write(head + b"z" * (20_000 - len(head)) + b"\n")
+            finally:
+                os._exit(0)
+        children.append(pid)
+    os.close(write)
+    received = bytearray()
+    while chunk := os.read(read, 3000):
+        received.extend(chunk)
+        time.sleep(0.0002)
+    os.close(read)
+    for pid in children:
+        assert os.waitpid(pid, 0)[1] == 0
+    lines = bytes(received).split(b"\n")[:-1]
+    assert len(lines) == 120
+    cut = [line[:40] for line in lines if not re.fullmatch(rb"\[rank \d\] line \d+ z+", line)]
+    assert not cut and {len(line) for line in lines} == {20_000}, cut[:3]
+
+
+def test_a_console_write_takes_the_lock_only_for_a_pipe(tmp_path, sinks):
+    read, write = os.pipe()
+    assert Console(write).lock is not None
+    assert Console(sinks.console).lock is None  # a regular file in append mode: whole writes
+    os.close(read)
+    os.close(write)
+
+
+@pytest.mark.parametrize(("path", "error"), [("/dev/full", "No space left on device")])
+def test_a_rank_log_that_fails_stops_once_and_the_console_gets_every_line(sinks, path, error):
+    """The relay never ends training: a log write that fails (a full disk) stops the log,
+    says so once, and every line still reaches the console."""
+    told: list[str] = []
+    log = RankLog.open(Path(path), told.append)
+    relay = Relay(Console(sinks.console), log, PREFIX, Masker(), True)
+    through_pipe(relay, [b"first\n", b"second\nthird\n", b"fourth\n"])
+    assert told == [f"rank log {path} stopped at 0 bytes: {error}"]
+    assert log.error == told[0]
+    expected = b"".join(PREFIX + x + b"\n" for x in (b"first", b"second", b"third", b"fourth"))
+    assert sinks.shown() == expected
+    assert relay.tail_lines() == ["first", "second", "third", "fourth"]
+
+
+def test_a_rank_log_that_cannot_be_created_is_stopped_at_once(tmp_path):
+    told: list[str] = []
+    log = RankLog.open(tmp_path / "missing-folder" / "rank-0.log", told.append)
+    log.write(b"x\n")
+    assert told == [
+        f"rank log {tmp_path}/missing-folder/rank-0.log not written: No such file or directory"
+    ]
+
+
+def test_a_console_nobody_reads_stops_once_and_the_log_gets_every_line(sinks):
+    read, write = os.pipe()
+    os.close(read)  # EPIPE from now on
+    told: list[str] = []
+    console = Console(write, "console (stdout)", on_error=lambda _c, what: told.append(what))
+    relay = Relay(console, sinks.log, PREFIX, Masker(), False)
+    through_pipe(relay, [b"a\nb\n", b"c\n"])
+    assert told == ["console (stdout) stopped: Broken pipe"]
+    assert sinks.logged() == b"a\nb\nc\n"
+    os.close(write)
+
+
+def test_a_record_is_written_on_a_full_disk_with_the_reserved_space(tmp_path, monkeypatch):
+    """ENOSPC for the record: the reserve is given back and the write tried again, then once
+    more without the stderr tail; never a crash of the wrapper."""
+    attempts: list[dict] = []
+    real = worker.write_json
+
+    def full(path, data):
+        attempts.append(data)
+        if len(attempts) < 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, data)
+
+    monkeypatch.setattr(worker, "write_json", full)
+    reserve = worker._reserve(tmp_path)
+    assert reserve is not None and os.fstat(reserve).st_blocks * 512 >= worker._RESERVE_BYTES
+    assert not [p for p in tmp_path.iterdir()]  # unlinked: nothing left behind, ever
+    record = {"rank": 0, "stderr_tail": ["x"] * 5, "last_words": "x"}
+    assert worker.save_record(tmp_path / "rank-0.json", record, reserve) is None
+    assert [len(a["stderr_tail"]) for a in attempts] == [5, 5, 0]
+    with pytest.raises(OSError):
+        os.fstat(reserve)  # given back
+    monkeypatch.setattr(worker, "write_json", lambda *_: (_ for _ in ()).throw(OSError(5, "EIO")))
+    problem = worker.save_record(tmp_path / "rank-1.json", record, None)
+    assert problem == f"rank record {tmp_path}/rank-1.json not written: EIO"
+
+
+@pytest.mark.parametrize(
+    "name", [os.fsdecode(b"donn\xe9es.sh"), "new\nline.sh", "x\ud800.py"], ids=ascii
+)
+def test_an_entry_script_with_an_odd_name_that_cannot_run_is_named_in_one_line(name):
+    code, failure = worker._exec_failure(name, OSError(errno.ENOENT, "No such file"))
+    assert code == 127 and failure["type"] == "ExecError"
+    assert len(failure["message"].splitlines()) == 1
+    failure["message"].encode("utf-8")
+    code, failure = worker._exec_failure(name, ValueError("embedded null byte"))
+    assert code == 126 and "cannot be passed to a program" in failure["message"]
+
+
+def test_a_stopped_rank_log_still_shows_the_rank_is_alive(tmp_path, monkeypatch):
+    """The hang watchdog reads the logs' times: a rank whose log stopped (a full disk) but who
+    still prints is not idle. Its log's time is touched, at most once a second."""
+    path = tmp_path / "rank-0.log"
+    log = RankLog.open(path)
+    log.write(b"before\n")
+    os.utime(path, (1, 1))
+
+    def full(_fd, _data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(worker, "write_fully", full)
+    log.write(b"lost\n")  # the write that fails: the log stops
+    assert log.error and path.stat().st_mtime == 1
+    log.write(b"later\n")
+    assert path.stat().st_mtime > time.time() - 60 and path.read_bytes() == b"before\n"
+
+
+def test_locked_write_takes_the_same_lock_as_the_ranks(tmp_path):
+    """For the bootstrap's own lines (logs.py): it waits while a rank holds the console."""
+    read, write = os.pipe()
+    rank = Console(write)
+    fcntl.flock(rank.lock, fcntl.LOCK_EX)  # a rank in the middle of a batch
+    done = threading.Event()
+    writer = threading.Thread(target=lambda: (worker.locked_write(write, b"ours\n"), done.set()))
+    writer.start()
+    assert not done.wait(0.2)
+    fcntl.flock(rank.lock, fcntl.LOCK_UN)
+    assert done.wait(5)
+    writer.join()
+    assert os.read(read, 100) == b"ours\n"
+    rank.close()
+    for fd in (read, write):
+        os.close(fd)
+    path = tmp_path / "file"
+    with open(path, "ab") as handle:
+        worker.locked_write(handle.fileno(), b"a regular file needs no lock\n")
+    assert path.read_bytes() == b"a regular file needs no lock\n"

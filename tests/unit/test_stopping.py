@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from container_entry import stopping
 from container_entry.errors import StopRequested
 from container_entry.stopping import STOP_SIGNALS, Stop
 
@@ -81,3 +82,58 @@ def test_a_stop_after_the_workers_finished_only_says_so(stop, capfd):
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.05)
     assert "received SIGTERM after the workers finished: finishing up" in capfd.readouterr().err
+
+
+@pytest.fixture
+def restored():
+    """The stop signals' handlers as they were, whatever a test installs."""
+    previous = {sig: signal.getsignal(sig) for sig in (*STOP_SIGNALS, signal.SIGCHLD)}
+    yield
+    for sig, old in previous.items():
+        signal.signal(sig, old)
+    stopping._early.clear()
+    stopping._early_previous.clear()
+
+
+@pytest.mark.parametrize(("name", "code"), [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
+def test_a_stop_before_the_handler_is_noted_and_raised_once_it_is_installed(restored, name, code):
+    """The first moments of `container-entry train`: cli calls record_early before any import;
+    a signal then (SIGINT was a KeyboardInterrupt traceback) is only noted, and becomes the
+    stopped job once Stop takes over: 128+N, never a traceback."""
+    stopping.record_early()
+    os.kill(os.getpid(), getattr(signal, name))
+    time.sleep(0.01)  # an import in progress: nothing raised
+    stop = Stop()
+    stop.install()
+    assert stop.signal == name and stop.at is not None
+    with pytest.raises(StopRequested) as raised:
+        stop.check()
+    assert raised.value.exit_code == code
+    assert str(raised.value) == f"stopped by {name} before the workers started"
+
+
+def test_without_an_early_stop_install_and_check_change_nothing(restored):
+    stopping.record_early()
+    stop = Stop()
+    stop.install()
+    stop.check()
+    assert stop.signal is None
+    assert signal.getsignal(signal.SIGTERM) == stop._handle
+
+
+def test_a_command_that_does_not_train_gets_the_signals_back_and_a_noted_one_again(restored):
+    stopping.record_early()
+    os.kill(os.getpid(), signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):  # Python's own SIGINT handler, as before
+        stopping.release_early()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    stopping.record_early()
+    stopping.release_early()  # nothing noted: nothing delivered
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_a_stop_before_the_workers_start_exits_as_its_signal_would(stop):
+    with pytest.raises(StopRequested) as raised:
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(5)
+    assert raised.value.exit_code == 129 and stop.signal == "SIGHUP"

@@ -5,9 +5,11 @@ executable."""
 from __future__ import annotations
 
 import io
+import os
 import stat
 import sys
 import tarfile
+from types import SimpleNamespace
 
 import pytest
 
@@ -95,3 +97,38 @@ def test_a_command_entry_point_gets_its_run_bit(tmp_path):
     script.chmod(0o644)
     user_code.make_executable(script)
     assert script.stat().st_mode & stat.S_IXUSR
+
+
+NAMES = [
+    b"donn\xe9es.csv",
+    b"\xff\xfe.bin",
+    b"caf\xc3",
+    b"\xed\xa0\x80.txt",
+    b"new\nline",
+    b"\x1b[31m",
+]
+
+
+def test_a_missing_entry_script_is_one_line_whatever_else_the_folder_holds(tmp_path):
+    """Names that are not UTF-8, hold a line break or a terminal escape: listed escaped, in one
+    line (the raw names once ended in a UnicodeEncodeError of ours)."""
+    code = tmp_path / "code"
+    code.mkdir()
+    for name in NAMES:
+        with open(os.fsencode(code) + b"/" + name, "wb"):
+            pass
+    program = os.fsdecode(b"tr\xe9in.py")
+    plan = SimpleNamespace(
+        code=SimpleNamespace(kind="directory", code_dir=str(code), location=str(code)),
+        command=[str(code / program)],
+        program=program,
+    )
+    with pytest.raises(CodeError) as raised:
+        user_code.prepare(plan, {})
+    message = str(raised.value)
+    assert message.startswith(f"entry script 'tr\\xe9in.py' not found in {code}; found: ")
+    assert len(message.splitlines()) == 1
+    message.encode("utf-8")  # strict: nothing unwritable left in it
+    for shown in ("donn\\xe9es.csv", "\\xff\\xfe.bin", "caf\\xc3", "\\xed\\xa0\\x80.txt"):
+        assert shown in message
+    assert "new\\nline" in message and "\\x1b[31m" in message
