@@ -73,9 +73,10 @@ test: docker venv ## run every test (unit, real torchrun, docker cluster); needs
 unit: venv ## run the unit tests only (no docker, no processes)
 	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)
 
-lint: venv ## ruff on Python, hadolint on the Dockerfiles, shellcheck on shell scripts (all from .venv)
+lint: venv ## ruff and mypy on Python, hadolint on the Dockerfiles, shellcheck on shell scripts (all from .venv)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 	$(VENV)/bin/hadolint docker/Dockerfile docker/standin/Dockerfile
 	$(VENV)/bin/shellcheck scripts/*.sh docker/standin/*.sh .ci/run
 

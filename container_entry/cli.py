@@ -5,7 +5,7 @@ SageMaker and SDK v3 local mode run), `plan` prints the plan, any other command 
 `python -c ...`) is exec'd unchanged, as the DLC's entrypoint does. No traceback ever reaches
 the user: an unexpected exception becomes one line, a failure file and exit code 70; a stop
 (SIGINT, SIGTERM, SIGHUP) from the first line of this module on is a stopped job (128+N).
-What the bootstrap prints is valid UTF-8 whatever names it holds (errors.ESCAPE).
+What the bootstrap prints is valid UTF-8 whatever names it holds (text.ESCAPE).
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import sys
 from collections.abc import Callable, Sequence
 
 from container_entry import stopping
-from container_entry.errors import ESCAPE, StopRequested, escaped
+from container_entry.errors import StopRequested
 from container_entry.stopping import Stop
+from container_entry.text import escaped, register
 
 USAGE = """usage: container-entry [train [SCRIPT [ARGS...]] | plan [SCRIPT [ARGS...]]
                        | stacks | CMD...]
@@ -79,7 +80,7 @@ def _internal_error(command: str, error: BaseException) -> int:
     with contextlib.suppress(OSError):
         folder.mkdir(parents=True, exist_ok=True)
         text = redact("".join(traceback.format_exception(error)))  # uploaded with the output
-        path.write_text(text, encoding="utf-8", errors=ESCAPE)
+        path.write_text(text, encoding="utf-8", errors=register())
     shown = escaped(str(path))
     log(f"{what} (a defect of container-entry; traceback in {shown})")
     if command == "train":
@@ -126,7 +127,7 @@ def _safe_output() -> None:
     """stdout and stderr never fail on a name that is not UTF-8: `\\xNN` instead."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(AttributeError, ValueError, OSError):
-            stream.reconfigure(errors=ESCAPE)  # type: ignore[union-attr]
+            stream.reconfigure(errors=register())  # type: ignore[union-attr]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from container_entry.environment import read_shm_bytes
-from container_entry.errors import ESCAPE, escaped, signal_name, stopped_exit_code
+from container_entry.exits import signal_name, stopped_exit_code
 from container_entry.hang import HUNG_EXIT_CODE
 from container_entry.logs import MASKER, log, redact
 from container_entry.plan import run_dir
 from container_entry.records import RankRecord
+from container_entry.text import escaped, register
 from container_entry.worker_defaults import SHM_MIN_BYTES
 
 INTERNAL_EXIT_CODE = 70  # EX_SOFTWARE: a defect of the bootstrap itself, never the user's
@@ -46,7 +47,7 @@ class Observed:
 
 def describe_exit(code: int) -> str:
     """'exit code 3' or 'signal SIGKILL' for a negative (killed) return code; a real-time
-    signal as 'signal SIGRTMIN+2' (errors.signal_name)."""
+    signal as 'signal SIGRTMIN+2' (exits.signal_name)."""
     if code < 0:
         return f"signal {signal_name(-code)}"
     return f"exit code {code}"
@@ -392,7 +393,7 @@ class Outcome:
         try:
             path = self.output / name
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(redact(text), encoding="utf-8", errors=ESCAPE)
+            path.write_text(redact(text), encoding="utf-8", errors=register())
         except OSError as error:
             log(f"cannot write {escaped(str(self.output / name))}: {error.strerror}")
 

@@ -1,8 +1,11 @@
-"""The records that cross process and host boundaries, typed once.
+"""The records that cross process and host boundaries, typed once (where each lives:
+layout.py). Stdlib only (the worker wrapper uses them).
 
-A `RankRecord` is written by each rank's worker wrapper when its script ends
-(`<run dir>/rank-N.json`), read by the launcher's monitor, relayed to the other hosts when it is
-the first failure, and turned into the failure file's lines. Stdlib only (the worker uses it).
+- `RankRecord`: written by each rank's worker wrapper when its script ends (`rank-N.json` in the
+  run folder), read by the launcher's monitor, relayed to the other hosts when it is the first
+  failure, and turned into the failure file's lines.
+- `Command`: what every worker wrapper of a launch runs (`command.json` in the control folder).
+- `WorkerPids`: a running rank's processes, as its wrapper announces them (`rank-N.pid`).
 """
 
 from __future__ import annotations
@@ -60,6 +63,70 @@ class RankRecord:
     def from_json(cls, data: dict[str, Any]) -> RankRecord:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True)
+class Command:
+    """What each worker wrapper runs: the script's command line (never through torchrun's
+    parser), the preflight before it, where its logs and records go, which ranks show on the
+    console, the secrets to mask, and the console to write to."""
+
+    argv: tuple[str, ...]
+    run_dir: str
+    preflight: tuple[str, ...] = ()
+    console_ranks: str = "all"
+    secrets: tuple[str, ...] = ()
+    console_stderr: str | None = None  # the bootstrap's stderr as a worker can open it
+
+    def write(self, path: Path) -> None:
+        """Readable by this user only: the command line holds the hyperparameters."""
+        data = dataclasses.asdict(self)
+        path.write_text(json.dumps(data, ensure_ascii=True), encoding="ascii")
+        path.chmod(0o600)
+
+    @classmethod
+    def read(cls, path: Path) -> Command:
+        """Raises OSError or ValueError (not there, not this record)."""
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict) or not isinstance(data.get("argv"), list):
+            raise ValueError(f"{path}: not a command")
+        return cls(
+            argv=tuple(map(str, data["argv"])),
+            run_dir=str(data["run_dir"]),
+            preflight=tuple(map(str, data.get("preflight") or ())),
+            console_ranks=str(data.get("console_ranks", "all")),
+            secrets=tuple(map(str, data.get("secrets") or ())),
+            console_stderr=data.get("console_stderr"),
+        )
+
+
+@dataclass(frozen=True)
+class WorkerPids:
+    """A running rank's processes: its wrapper (the leader of the rank's process group, which
+    holds the script too) and the script's own process."""
+
+    rank: int
+    wrapper: int
+    child: int
+    host: str = ""
+
+    def write(self, path: Path) -> None:
+        write_json(path, dataclasses.asdict(self))
+
+    @classmethod
+    def read(cls, path: Path) -> WorkerPids | None:
+        data = read_json(path)
+        if data is None:
+            return None
+        try:
+            return cls(
+                rank=int(data["rank"]),
+                wrapper=int(data["wrapper"]),
+                child=int(data["child"]),
+                host=str(data.get("host", "")),
+            )
+        except (TypeError, KeyError, ValueError):
+            return None
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:

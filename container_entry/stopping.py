@@ -23,7 +23,8 @@ import signal
 import time
 from collections.abc import Iterator
 
-from container_entry.errors import StopRequested, signal_name
+from container_entry.errors import StopRequested
+from container_entry.exits import signal_name
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 

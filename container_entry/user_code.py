@@ -12,9 +12,10 @@ import zlib
 from pathlib import Path
 from urllib.parse import urlparse
 
-from container_entry.errors import CodeError, escaped, quoted
+from container_entry.errors import CodeError
 from container_entry.logs import log
 from container_entry.plan import Plan
+from container_entry.text import escaped, quoted
 
 
 def _safe_extract(archive: Path, target: Path) -> None:

@@ -13,12 +13,12 @@ What it adds that torchrun's own `--log-dir/--tee/--local-ranks-filter` cannot:
 - the relay never ends training: a rank log that cannot be written (a full disk) stops, and so
   does a console nobody reads (EPIPE, EIO), each once, said on the other one and in the record;
   the record itself has space set aside (`save_record`);
-- a result record (exit status, signal (`SIGRTMIN+2` too: errors.signal_name), the exception
+- a result record (exit status, signal (`SIGRTMIN+2` too: exits.signal_name), the exception
   type and message parsed from what the script printed, an exec failure named) that the
   bootstrap turns into a failure file;
 - stacks on demand (SIGUSR2, through _site/sitecustomize.py in the script's own Python).
 Stdlib only: it starts in milliseconds. What it writes of its own is valid UTF-8 whatever the
-names (errors.ESCAPE); what the script printed goes on byte for byte.
+names (text.ESCAPE); what the script printed goes on byte for byte.
 
 Stop signals: the bootstrap signals each worker's process group, which holds this wrapper and the
 script alike, so the wrapper does not forward them (that would deliver them twice); it records
@@ -58,11 +58,12 @@ from pathlib import Path
 from typing import Any
 
 from container_entry import flight_recorder
-from container_entry.errors import encoded, escaped, signal_name, signal_number
+from container_entry.exits import signal_name, signal_number
 from container_entry.hang import report_progress
 from container_entry.masking import Masker
 from container_entry.records import RankRecord, write_json
 from container_entry.stopping import STOP_SIGNALS
+from container_entry.text import encoded, escaped
 
 CONTROL_ENV = "_CONTAINER_ENTRY_CONTROL"  # the launcher's private folder: command.json, pids
 STACKS_ENV = "_CONTAINER_ENTRY_STACKS"  # read by _site/sitecustomize.py in the script's Python

@@ -1,6 +1,7 @@
-"""The one policy for odd text and odd signals (container_entry.errors), enumerated over each
-class rather than shown on one example: every byte that is not UTF-8, every control character
-and line break, unpaired surrogates; every signal number the kernel has."""
+"""The one policy for odd text and odd signals (container_entry.text, container_entry.exits),
+enumerated over each class rather than shown on one example: every byte that is not UTF-8,
+every control character and line break, unpaired surrogates; every signal number the kernel
+has."""
 
 from __future__ import annotations
 
@@ -12,17 +13,10 @@ import sys
 
 import pytest
 
-from container_entry.errors import (
-    encoded,
-    escaped,
-    printable,
-    quoted,
-    signal_name,
-    signal_number,
-    stopped_exit_code,
-)
+from container_entry.exits import signal_name, signal_number, stopped_exit_code
 from container_entry.failure import Outcome, container_exit_code, describe_exit
 from container_entry.records import read_json, write_json
+from container_entry.text import encoded, escaped, printable, quoted
 
 # a name holding each: a byte that is not UTF-8 (os.fsdecode's surrogateescape), each control
 # character and line break str.splitlines knows, an unpaired surrogate from JSON ("\ud800")
