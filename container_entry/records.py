@@ -74,7 +74,7 @@ class Command:
     argv: tuple[str, ...]
     run_dir: str
     preflight: tuple[str, ...] = ()
-    console_ranks: str = "all"
+    console_ranks: tuple[int, ...] | None = None  # shown on the console; None: all
     secrets: tuple[str, ...] = ()
     console_stderr: str | None = None  # the bootstrap's stderr as a worker can open it
 
@@ -94,10 +94,14 @@ class Command:
             argv=tuple(map(str, data["argv"])),
             run_dir=str(data["run_dir"]),
             preflight=tuple(map(str, data.get("preflight") or ())),
-            console_ranks=str(data.get("console_ranks", "all")),
+            console_ranks=_ranks(data.get("console_ranks")),
             secrets=tuple(map(str, data.get("secrets") or ())),
             console_stderr=data.get("console_stderr"),
         )
+
+
+def _ranks(value: Any) -> tuple[int, ...] | None:
+    return None if value is None else tuple(int(rank) for rank in value)
 
 
 @dataclass(frozen=True)

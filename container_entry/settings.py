@@ -85,6 +85,12 @@ def _ranks(value: str) -> str:
     raise ValueError("'all' or comma-separated global ranks")
 
 
+def shown_ranks(spec: str) -> tuple[int, ...] | None:
+    """The global ranks a (validated) CONSOLE_RANKS value shows on the console; None: all."""
+    value = _ranks(spec)
+    return None if value == "all" else tuple(sorted({int(item) for item in value.split(",")}))
+
+
 def _setting(default: Any, parse: Callable[[str], Any], doc: str) -> Any:
     return dataclasses.field(default=default, metadata={"parse": parse, "doc": doc})
 
