@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 
 from container_entry import stopping
 from container_entry.errors import StopRequested
+from container_entry.exits import ExitCode
 from container_entry.stopping import Stop
 from container_entry.text import escaped, register
 
@@ -60,7 +61,7 @@ def plan_command(cli_args: Sequence[str]) -> int:
     print(plan.to_json(), flush=True)
     for problem in plan.problems:
         log(f"problem: {problem}")
-    return 2 if plan.problems else 0
+    return ExitCode.BAD_INPUT if plan.problems else ExitCode.SUCCESS
 
 
 def _internal_error(command: str, error: BaseException) -> int:
@@ -69,29 +70,29 @@ def _internal_error(command: str, error: BaseException) -> int:
     import traceback
 
     from container_entry.environment import base_dir_from
-    from container_entry.failure import INTERNAL_EXIT_CODE, Outcome
+    from container_entry.layout import RunDir
     from container_entry.logs import log, redact
-    from container_entry.plan import run_dir
+    from container_entry.outcome import Outcome
 
     environ = dict(os.environ)
     what = f"internal error: {type(error).__name__}: {escaped(str(error))}"
-    folder = run_dir(base_dir_from(environ))
-    path = folder / f"internal-error-{int(time.time())}.txt"
+    folder = RunDir.of(base_dir_from(environ))
+    path = folder.internal_error(int(time.time()))
     with contextlib.suppress(OSError):
-        folder.mkdir(parents=True, exist_ok=True)
+        folder.path.mkdir(parents=True, exist_ok=True)
         text = redact("".join(traceback.format_exception(error)))  # uploaded with the output
         path.write_text(text, encoding="utf-8", errors=register())
     shown = escaped(str(path))
     log(f"{what} (a defect of container-entry; traceback in {shown})")
     if command == "train":
         Outcome(base_dir_from(environ)).failure(what, [f"traceback: {shown}"])
-    return INTERNAL_EXIT_CODE
+    return ExitCode.INTERNAL
 
 
 def _stopped(stop: StopRequested) -> int:
     """A stop before train() could take over its own reporting: one line, a failure file."""
     from container_entry.environment import base_dir_from
-    from container_entry.failure import Outcome
+    from container_entry.outcome import Outcome
 
     print(f"[container-entry] {stop}", file=sys.stderr, flush=True)
     Outcome(base_dir_from(os.environ)).failure(f"StopRequested: {stop}")
@@ -153,14 +154,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return print_live_stacks()
     if args[0] in ("-h", "--help", "help"):
         print(usage(), end="")
-        return 0
+        return ExitCode.SUCCESS
     with contextlib.suppress(OSError):
         os.execvp(args[0], args)
     print(
         f"[container-entry] error: cannot run {args[0]!r}: not found or not executable",
         file=sys.stderr,
     )
-    return 127
+    return ExitCode.NOT_FOUND
 
 
 def console_main() -> int:

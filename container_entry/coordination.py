@@ -57,7 +57,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from container_entry.errors import ConfigError, NetworkError
-from container_entry.hang import HUNG_EXIT_CODE, hung_text
+from container_entry.exits import ExitCode
+from container_entry.hang import hung_text
 from container_entry.logs import log
 from container_entry.network import backoff
 from container_entry.records import RankRecord
@@ -1023,7 +1024,7 @@ class Coordinator:
         what = hung_text(self.hang_timeout, len(self.hosts))
         log(f"{what}: stopping the job on every host")
         self.relay_failure(
-            RankRecord(host=None, rank=None, returncode=HUNG_EXIT_CODE, what=what).relayed()
+            RankRecord(host=None, rank=None, returncode=ExitCode.HUNG, what=what).relayed()
         )
 
     # -- sending ----------------------------------------------------------------------------

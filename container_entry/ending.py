@@ -10,9 +10,7 @@ left (`Observed`) into the exit code and the failure file's lines.
 from __future__ import annotations
 
 import enum
-import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from container_entry.exits import ExitCode, of_returncode, of_signal, signal_number
 from container_entry.failure import (
@@ -23,11 +21,10 @@ from container_entry.failure import (
     words,
 )
 from container_entry.hang import hung_text, is_hang
+from container_entry.layout import RunDir
 from container_entry.records import RankRecord
 from container_entry.text import escaped
-
-# argparse's last line when torchrun rejects its command line ("run.py: error: ...")
-USAGE_ERROR = re.compile(r"^(?:\S*run\.py|torchrun|\S+): error: (.+)$")
+from container_entry.torchrun_output import USAGE_ERROR
 
 
 class Kind(enum.Enum):
@@ -111,9 +108,9 @@ class Verdict:
     details: list[str]
 
 
-def verdict(ending: Ending, run: Observed, host: str, run_dir: Path) -> Verdict:
+def verdict(ending: Ending, run: Observed, host: str, run_dir: RunDir) -> Verdict:
     """From the ending and what the run left to an exit code and a failure text."""
-    logs = f"per-rank logs and records: {escaped(str(run_dir))}"
+    logs = f"per-rank logs and records: {escaped(str(run_dir.path))}"
     failed = sorted((r for r in run.results.values() if r.failed), key=lambda r: r.rank or 0)
     details = [f"  {describe_rank(r)}" for r in failed] + stack_lines(run_dir) + [logs]
     kind, record = ending.kind, ending.record

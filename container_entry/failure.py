@@ -1,48 +1,18 @@
-"""Outcome files SageMaker reads (<base>/output/success, <base>/output/failure) and the
-verdict: one first line a user acts on, an exit code with meaning, full details on disk."""
+"""A failure in words a user acts on: what a rank died of (its exception, signal or last words),
+a hint where the symptom is known, whether a restart would only repeat it, and where each rank
+was (its recorded stacks)."""
 
 from __future__ import annotations
 
-import json
 import re
-import time
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import replace
 
 from container_entry.environment import read_shm_bytes
-from container_entry.exits import signal_name, stopped_exit_code
-from container_entry.hang import HUNG_EXIT_CODE
-from container_entry.logs import MASKER, log, redact
-from container_entry.plan import run_dir
+from container_entry.exits import signal_name
+from container_entry.layout import RunDir
 from container_entry.records import RankRecord
-from container_entry.text import escaped, register
+from container_entry.text import escaped
 from container_entry.worker_defaults import SHM_MIN_BYTES
-
-INTERNAL_EXIT_CODE = 70  # EX_SOFTWARE: a defect of the bootstrap itself, never the user's
-# torchrun's argparse: "run.py: error: unrecognized arguments: --x" (usage lines before it)
-# argparse's last line when torchrun rejects its command line ("run.py: error: ...")
-USAGE_ERROR = re.compile(r"^(?:\S*run\.py|torchrun|\S+): error: (.+)$")
-
-
-@dataclass
-class Observed:
-    """What the monitor saw; `verdict` turns it into an exit code and a failure text."""
-
-    torch_version: str | None = None
-    returncode: int | None = None  # torchrun's
-    results: dict[int, RankRecord] = field(default_factory=dict)
-    launched: set[int] = field(default_factory=set)  # ranks whose script was started
-    first_failure: RankRecord | None = None  # a local rank that failed on its own
-    remote_failure: RankRecord | None = None  # relayed from another host
-    hung: RankRecord | None = None  # the hang watchdog's verdict, this host's or the master's
-    lost_master: str | None = None  # the master's bootstrap went away
-    stop_signal: str | None = None
-    stop_at: float | None = None
-    torchrun_tail: list[str] = field(default_factory=list)
-    forced_kill: bool = False
-    grace: float = 0.0  # the grace period that a forced kill ended
-    restarts: int = 0  # torchrun's --max-restarts for this launch
 
 
 def describe_exit(code: int) -> str:
@@ -51,11 +21,6 @@ def describe_exit(code: int) -> str:
     if code < 0:
         return f"signal {signal_name(-code)}"
     return f"exit code {code}"
-
-
-def container_exit_code(code: int) -> int:
-    """A process killed by signal N is reported as 128+N, the shell's convention."""
-    return 128 - code if code < 0 else code
 
 
 _SHM = (
@@ -160,8 +125,10 @@ def hint(record: RankRecord) -> str | None:
 # or its command line is refused (argparse exits 2). With MAX_RESTARTS > 0 they fail the job at
 # once instead of using up every restart; anything else (signals, OOM, NCCL errors, exceptions
 # during training) is restarted.
-_PERMANENT_TYPES = ("SyntaxError", "IndentationError", "TabError", "ImportError")
-_PERMANENT_TYPES += ("ModuleNotFoundError", "ExecError")
+_PERMANENT_TYPES = (
+    *("SyntaxError", "IndentationError", "TabError", "ImportError"),
+    *("ModuleNotFoundError", "ExecError"),
+)
 
 
 def permanent(record: RankRecord) -> str | None:
@@ -236,10 +203,10 @@ def where(stacks: str) -> str | None:
     return user or innermost
 
 
-def stack_lines(run_dir: Path) -> list[str]:
+def stack_lines(run_dir: RunDir) -> list[str]:
     """One line per rank whose stacks were recorded at teardown."""
     lines = []
-    for path in sorted((run_dir / "stacks").glob("rank-*.txt")):
+    for path in run_dir.stack_files():
         try:
             text = path.read_text(errors="replace")
         except OSError:
@@ -248,81 +215,6 @@ def stack_lines(run_dir: Path) -> list[str]:
         if frame:
             lines.append(f"  {path.stem.replace('-', ' ')} was at {frame} ({escaped(str(path))})")
     return lines
-
-
-@dataclass(frozen=True)
-class Verdict:
-    exit_code: int
-    reason: str  # the failure file's first line; empty on success
-    details: list[str]
-
-
-def _finished_before_stop(run: Observed) -> bool:
-    """Every rank had already exited 0 when the stop came (SDK local mode stops the other
-    containers as soon as one exits; torchrun may still sit at its exit barrier): a success."""
-    ranks = [run.results.get(rank) for rank in run.launched]
-    return bool(ranks) and all(
-        r is not None
-        and not r.failed
-        and r.ended_at is not None
-        and r.ended_at <= (run.stop_at or 0)
-        for r in ranks
-    )
-
-
-def _stopped(run: Observed, host: str) -> str:
-    exited = [r for r in run.results.values() if r.ended_at and run.stop_at]
-    slowest = max((max(0.0, r.ended_at - run.stop_at) for r in exited if r.ended_at), default=0.0)
-    killed = sorted(run.launched - set(run.results))
-    total = len(run.launched) or len(exited)
-    text = (
-        f"job stopped by {run.stop_signal} on {host} (StopTrainingJob, Spot interruption or "
-        "docker stop): "
-    )
-    if killed:
-        ranks = ", ".join(map(str, killed))
-        were = "were" if len(killed) > 1 else "was"
-        if exited:
-            text += f"{len(exited)} of {total} local ranks exited within {slowest:.1f} s; "
-        text += (
-            f"rank{'s' if len(killed) > 1 else ''} {ranks} still running after the "
-            f"{run.grace:g} s grace period {were} killed"
-        )
-    elif run.forced_kill:
-        text += f"the {run.grace:g} s grace period ran out and the rest was killed"
-    elif not run.launched and not run.results:  # no rank announced itself or left a record
-        text += "the stop came before any rank started"
-    elif exited and len(exited) == total:
-        text += f"all {total} local ranks exited within {slowest:.1f} s"
-    else:
-        text += f"{len(exited)} of {total} local ranks exited within {slowest:.1f} s"
-    return text
-
-
-def _torchrun_failed(run: Observed, host: str) -> tuple[int, str]:
-    """torchrun itself failed before any rank reported: our defect when it rejected the
-    command line we built, the tail of what it printed otherwise."""
-    assert run.returncode is not None
-    for line in reversed(run.torchrun_tail):
-        match = USAGE_ERROR.match(line.strip())
-        if match:
-            return INTERNAL_EXIT_CODE, (
-                f"internal error: torchrun (torch {run.torch_version or 'unknown'}) on {host} "
-                f"rejected the command line container-entry built: {match.group(1)}"
-            )
-    # argparse's usage block is noise; torch's own C++ lines ("[E... [c10d] ...") are not
-    useful = [
-        line.strip()
-        for line in run.torchrun_tail
-        if line.strip()
-        and not line.lstrip().startswith(("usage:", "[-"))
-        and line.strip().strip("=-")  # the borders of torchrun's report say nothing
-    ]
-    tail = " | ".join(useful[-3:])
-    return container_exit_code(run.returncode), (
-        f"torchrun on {host} failed with {describe_exit(run.returncode)} before any rank "
-        f"reported: {tail or 'no output'}"
-    )
 
 
 def words(record: RankRecord, restarts: int = 0) -> str:
@@ -340,80 +232,3 @@ def summarized(record: RankRecord, restarts: int = 0) -> RankRecord:
 
 def _preflight(record: RankRecord) -> str:
     return "preflight failed, the script did not start: " if record.stage == "preflight" else ""
-
-
-def verdict(run: Observed, host: str, run_dir: Path) -> Verdict:
-    """From what the supervisor saw to an exit code and a failure text."""
-    logs = f"per-rank logs and records: {escaped(str(run_dir))}"
-    failed = sorted((r for r in run.results.values() if r.failed), key=lambda r: r.rank or 0)
-    details = [f"  {describe_rank(r)}" for r in failed] + stack_lines(run_dir) + [logs]
-    if run.stop_signal:  # what torchrun returned after being ended says nothing here
-        if _finished_before_stop(run):
-            return Verdict(0, "", [])
-        return Verdict(stopped_exit_code(run.stop_signal), _stopped(run, host), details)
-    if run.hung is not None:  # first line exactly the verdict; then where each rank was
-        return Verdict(HUNG_EXIT_CODE, run.hung.what or "hung", [*stack_lines(run_dir), logs])
-    if run.first_failure:
-        first = run.first_failure
-        return Verdict(
-            container_exit_code(first.returncode),
-            f"{words(first, run.restarts)} [first failure]",
-            details,
-        )
-    if run.lost_master is not None:
-        return Verdict(
-            1,
-            f"lost contact with the master host {run.lost_master} "
-            f"(its bootstrap exited or the host died); {host} stopped",
-            details,
-        )
-    if run.remote_failure is not None:
-        remote = run.remote_failure
-        return Verdict(
-            container_exit_code(remote.returncode or 1),
-            f"{words(remote, run.restarts)} [first failure]",
-            details,
-        )
-    if run.returncode:
-        code, reason = _torchrun_failed(run, host)
-        return Verdict(code, reason, details)
-    return Verdict(0, "", [])
-
-
-class Outcome:
-    """Writes the outcome once; keeps a failure file the user's script wrote during this run."""
-
-    def __init__(self, base_dir: Path) -> None:
-        self.output = base_dir / "output"
-        self.record_path = run_dir(base_dir) / "failure.json"
-        self.started = time.time()
-        self.written = False
-
-    def _write(self, name: str | Path, text: str) -> None:
-        try:
-            path = self.output / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(redact(text), encoding="utf-8", errors=register())
-        except OSError as error:
-            log(f"cannot write {escaped(str(self.output / name))}: {error.strerror}")
-
-    def success(self) -> None:
-        self._write("success", "")
-        self.written = True
-
-    def failure(
-        self, reason: str, details: list[str] | None = None, record: dict[str, Any] | None = None
-    ) -> None:
-        self.written = True
-        path = self.output / "failure"
-        try:
-            if path.stat().st_mtime >= self.started:
-                log(f"keeping the failure file the script wrote: {escaped(str(path))}")
-                return
-        except OSError:
-            pass
-        text = "\n".join([reason, *(details or [])])
-        self._write("failure", text.rstrip("\n") + "\n")
-        if record is not None:  # masked before encoding: JSON escapes would hide a secret
-            masked = MASKER.obj(record)
-            self._write(self.record_path.relative_to(self.output), json.dumps(masked, indent=1))

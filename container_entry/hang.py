@@ -18,7 +18,9 @@ import os
 import time
 from pathlib import Path
 
-HUNG_EXIT_CODE = 124  # timeout(1)'s code for "ran out of time"
+from container_entry.exits import ExitCode
+from container_entry.layout import RunDir
+
 PROGRESS_ENV = "CONTAINER_ENTRY_PROGRESS_FILE"
 CHECK_SECONDS = 1.0  # how often a host measures its idle time
 
@@ -45,7 +47,7 @@ def is_hang(record: object) -> bool:
     """A relayed record that is the hang verdict (no rank's own exit)."""
     return (
         getattr(record, "rank", 0) is None
-        and getattr(record, "returncode", 0) == HUNG_EXIT_CODE
+        and getattr(record, "returncode", 0) == ExitCode.HUNG
         and str(getattr(record, "what", "") or "").startswith("hung:")
     )
 
@@ -53,8 +55,8 @@ def is_hang(record: object) -> bool:
 class Activity:
     """When this host's ranks last showed life, from file times only (no wake-up per line)."""
 
-    def __init__(self, run_dir: Path, progress: str | None) -> None:
-        self.logs = run_dir / "logs"
+    def __init__(self, run_dir: RunDir, progress: str | None) -> None:
+        self.run_dir = run_dir
         self.progress = progress
         self.since = time.time()  # the launch: start-up counts as activity
         self._checked = 0.0
@@ -66,7 +68,8 @@ class Activity:
         now = time.time()
         if now - self._checked >= CHECK_SECONDS:
             latest = self.since
-            paths = [*self.logs.glob("rank-*.log"), *([self.progress] if self.progress else [])]
+            paths: list[Path | str] = [*self.run_dir.rank_logs()]
+            paths += [self.progress] if self.progress else []
             for path in paths:
                 with contextlib.suppress(OSError):
                     latest = max(latest, os.stat(path).st_mtime)

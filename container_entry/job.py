@@ -16,6 +16,7 @@ from container_entry.coordination import (
     PeerFailure,
     job_key,
 )
+from container_entry.ending import Ending, Kind, Observed, verdict
 from container_entry.environment import Environment, base_dir_from, read_environment
 from container_entry.environment import read_json as read_config
 from container_entry.errors import (
@@ -25,13 +26,17 @@ from container_entry.errors import (
     DeviceError,
     NetworkError,
 )
-from container_entry.failure import Observed, Outcome, summarized, verdict
-from container_entry.launch import Prestarted, Supervisor, child_environment
+from container_entry.exits import ExitCode
+from container_entry.failure import summarized
+from container_entry.layout import RunDir
 from container_entry.logs import log, register_secrets
-from container_entry.plan import Plan, build_plan, run_dir
+from container_entry.outcome import Outcome
+from container_entry.plan import Plan, build_plan
 from container_entry.preflight import check_visible_gpus
 from container_entry.records import RankRecord
 from container_entry.stopping import Stop
+from container_entry.supervisor import Supervisor
+from container_entry.torchrun_process import Prestarted, child_environment
 
 # for the master's word on which failure was the job's first: it answers a post within a round
 # trip, and this host's own teardown took longer than that already
@@ -90,7 +95,7 @@ class Job:
         self.base = base
         self.stop = stop
         self.key = key  # the side channel's (side_channel_key); None: derived when needed
-        self.run_dir = run_dir(base)
+        self.run_dir = RunDir.of(base)
         self.coordinator: Coordinator | None = None
         self.member: Member | None = None
         self.torchrun: Prestarted | None = None
@@ -109,8 +114,8 @@ class Job:
         of hosts that have not joined: no host resolves every name. Under c10d (restarts) each
         host advertises its own name, so all are waited for (in parallel).
         """
-        plan, topology = self.plan, self.plan.topology
-        names = topology.wait_for
+        plan = self.plan
+        names = plan.topology.wait_for
         if plan.coordinated and not plan.max_restarts:
             names = (plan.master_addr,)
         if names:
@@ -119,63 +124,81 @@ class Job:
             return
         if self.key is None:
             self.key = _key_from_files(self.base, self.environ)
-        master = topology.node_rank == 0
-        if master:
-            network.check_port_free(plan.master_port, "master")
-            # only the job's hosts take part: a proven join, from an address of the host it
-            # names (looked up as long as this host waits for names), checked before anything
-            coordinator = self.coordinator = Coordinator(
-                topology.hosts,
-                plan.coordination_port,
-                hang_timeout=plan.settings.hang_timeout,
-                key=self.key,
-                resolve=network.addresses,
-                address_wait=plan.settings.host_wait_timeout,
+        if plan.topology.node_rank == 0:
+            self._serve()
+        self._join_side_channel()
+        self._share_machine()
+
+    def _serve(self) -> None:
+        """The master: the side channel for every host, and the names of the hosts that have
+        not joined yet looked up while the others join (a peer whose name never resolves is
+        reported, exit 3; a host that joined needs no name here): N lookups, not N x N."""
+        plan, topology = self.plan, self.plan.topology
+        network.check_port_free(plan.master_port, "master")
+        # only the job's hosts take part: a proven join, from an address of the host it names
+        # (looked up as long as this host waits for names), checked before anything
+        coordinator = self.coordinator = Coordinator(
+            topology.hosts,
+            plan.coordination_port,
+            hang_timeout=plan.settings.hang_timeout,
+            key=self.key or b"",
+            resolve=network.addresses,
+            address_wait=plan.settings.host_wait_timeout,
+        )
+        peers = [h for h in topology.hosts if h != topology.current_host]
+        try:
+            network.wait_for_hosts(
+                peers,
+                plan.settings.host_wait_timeout,
+                resolves=lambda h: coordinator.has_joined(h) or network.name_resolves(h),
             )
-            # the master still reports a peer whose name never resolves (exit 3), but looks up
-            # only the names of hosts that have not joined yet (a host that joined needs no
-            # name here), in parallel while the others join: N lookups in all, not N x N
-            peers = [h for h in topology.hosts if h != topology.current_host]
-            try:
-                network.wait_for_hosts(
-                    peers,
-                    plan.settings.host_wait_timeout,
-                    resolves=lambda h: coordinator.has_joined(h) or network.name_resolves(h),
-                )
-            except NetworkError as error:
-                what = f"{type(error).__name__}: {error}"
-                here = topology.current_host
-                coordinator.post(RankRecord(host=here, rank=None, returncode=3, what=what))
-                raise
-        self.member = Member(
+        except NetworkError as error:
+            self._post_own(error)
+            raise
+
+    def _post_own(self, error: NetworkError) -> None:
+        """The master's own host cannot go on: tell the others through its side channel."""
+        if self.coordinator is not None:
+            what = f"{type(error).__name__}: {error}"
+            here = self.plan.topology.current_host
+            record = RankRecord(host=here, rank=None, returncode=error.exit_code, what=what)
+            self.coordinator.post(record)
+
+    def _join_side_channel(self) -> None:
+        """Join the master's side channel and wait for every host; the master decides who
+        never joined, and a member gives its verdict time to arrive."""
+        plan, topology = self.plan, self.plan.topology
+        member = self.member = Member(
             topology.current_host,
             plan.master_addr,
             plan.coordination_port,
             machine=plan.boot_id,
             workers=plan.workers,
-            key=self.key,
+            key=self.key or b"",
         )
         timeout = plan.settings.join_timeout
+        master = topology.node_rank == 0
         try:
-            # the master decides who never joined; a member gives its verdict time to arrive
-            self.member.join(timeout, verdict_grace=0.0 if master else JOIN_VERDICT_GRACE)
+            member.join(timeout, verdict_grace=0.0 if master else JOIN_VERDICT_GRACE)
         except PeerFailure:
             raise
         except NetworkError as error:
-            if self.member.refused and self.coordinator:  # the master's own host: tell the rest
-                here = topology.current_host
-                what = f"{type(error).__name__}: {error}"
-                self.coordinator.post(RankRecord(host=here, rank=None, returncode=3, what=what))
+            if member.refused and self.coordinator:  # the master's own host: tell the rest
+                self._post_own(error)
                 raise
             missing = self.coordinator.missing() if self.coordinator else []
-            if missing and not self.member.refused:  # refused: its own words say why
+            if missing and not member.refused:  # refused: its own words say why
                 text = f"host(s) {', '.join(missing)} never joined the job within {timeout:g} s"
                 self.post_failure(
                     f"{text} (the master {topology.current_host} gave up waiting)",
-                    NetworkError.exit_code,
+                    ExitCode.NETWORK,
                 )
                 raise NetworkError(text) from None
             raise
+
+    def _share_machine(self) -> None:
+        """Hosts of this job on one machine (SDK local mode) share its cores."""
+        assert self.member is not None
         hosts, workers = self.member.machine_share()
         shared = self.plan.sharing_machine(hosts, workers)
         if shared is not self.plan:
@@ -189,7 +212,7 @@ class Job:
             network.check_port_free(plan.master_port, "master")
         user_code.prepare(plan, dict(self.environ))
         user_code.install_requirements(plan, plan.argv[0])
-        for directory in (self.base / "model", self.run_dir):
+        for directory in (self.base / "model", self.run_dir.path):
             directory.mkdir(parents=True, exist_ok=True)
         # before 8 ranks each fail alone: does torch see what was counted? (The preflight, when
         # it runs, checks the same on every host: no second Python start for it here.)
@@ -198,17 +221,6 @@ class Job:
             problem = check_visible_gpus(plan.argv[0], plan.num_gpus, env)
             if problem:
                 raise DeviceError(f"{plan.topology.current_host}: {problem}")
-
-    def _supervise(self, supervisor: Supervisor) -> Observed:
-        if self.member and self.member.aborted.is_set():  # a peer failed while we prepared
-            run = supervisor.observed
-            if self.member.lost_master:
-                run.lost_master = self.member.master
-            else:
-                run.remote_failure = self.member.abort
-            return run
-        supervisor.monitor(supervisor.launch())
-        return supervisor.observed
 
     def announce_preflight(self) -> None:
         plan = self.plan
@@ -226,59 +238,64 @@ class Job:
         self.prestart()
         self.join()
         self.prepare()
-        plan = self.plan
         self.announce_preflight()
-        coordinator = self.coordinator
+        supervisor = self.supervisor()
+        ending = supervisor.before_launch() or supervisor.monitor(supervisor.launch())
+        ending = self._agree_on_first_failure(ending, supervisor.observed)
+        return self.report(outcome, ending, supervisor.observed)
+
+    def supervisor(self) -> Supervisor:
         peers_running = None
+        coordinator = self.coordinator
         if coordinator is not None:  # the master: its torchrun hosts the job's store
-            here = plan.topology.current_host
+            here = self.plan.topology.current_host
 
             def peers_running() -> bool:
                 return bool(coordinator.unfinished() - {here})
 
-        run = self._supervise(
-            Supervisor(
-                plan,
-                self.environ,
-                self.run_dir,
-                self.member,
-                self.stop,
-                self.torchrun,
-                peers_running=peers_running,
-            )
+        return Supervisor(
+            self.plan,
+            self.environ,
+            self.run_dir,
+            self.member,
+            self.stop,
+            self.torchrun,
+            peers_running=peers_running,
         )
-        self._agree_on_first_failure(run)
-        result = verdict(run, plan.topology.current_host, self.run_dir)
-        if result.exit_code == 0:
+
+    def report(self, outcome: Outcome, ending: Ending, run: Observed) -> int:
+        """The verdict in the outcome files, and to the other hosts when it is a failure."""
+        result = verdict(ending, run, self.plan.topology.current_host, self.run_dir)
+        if result.exit_code == ExitCode.SUCCESS:
             log("training finished: all workers exited 0")
             outcome.success()
             self.succeeded = True
-        else:
-            log(f"failed: {result.reason}")
-            self.post_failure(result.reason, result.exit_code)  # unless posted already
-            ranks = {str(rank): record.to_json() for rank, record in sorted(run.results.items())}
-            outcome.failure(
-                result.reason, result.details, {"reason": result.reason, "ranks": ranks}
-            )
+            return result.exit_code
+        log(f"failed: {result.reason}")
+        self.post_failure(result.reason, result.exit_code)  # unless posted already
+        ranks = {str(rank): record.to_json() for rank, record in sorted(run.results.items())}
+        outcome.failure(result.reason, result.details, {"reason": result.reason, "ranks": ranks})
         return result.exit_code
 
-    def _agree_on_first_failure(self, run: Observed) -> None:
+    def _agree_on_first_failure(self, ending: Ending, run: Observed) -> Ending:
         """Several hosts: the job has one first failure, and the master decides which (two
         ranks failing on two hosts within milliseconds each looks first from its own host).
         This host posts its own earliest failure, unless it ended after another host's was
         heard of (then it is likely a consequence), and writes what the master decided."""
         member = self.member
-        if member is None or member.lost_master or not (run.first_failure or run.remote_failure):
-            return
+        if member is None or member.lost_master:
+            return ending
+        if ending.kind not in (Kind.FAILED, Kind.PEER_FAILED):
+            return ending
         own = [r for r in run.results.values() if r.failed and not r.stop_signal]
         if own:
             earliest = min(own, key=lambda r: r.ended_at or float("inf"))
             member.post_failure(summarized(earliest, self.plan.max_restarts))
         first = member.first_failure(FIRST_FAILURE_WAIT)
         if first is None:
-            return
+            return ending
         mine = first.host == self.plan.topology.current_host and first.rank in run.results
-        run.first_failure, run.remote_failure = (first, None) if mine else (None, first)
+        return Ending(Kind.FAILED if mine else Kind.PEER_FAILED, first)
 
     def post_failure(self, what: str, exit_code: int) -> None:
         """Tell the other hosts why this one cannot go on: a bootstrap error, or the final
@@ -312,7 +329,7 @@ def train(cli_args: Sequence[str], stop: Stop) -> int:
         plan, env = _resolve(cli_args, environ)
         if plan.settings.dry_run:
             print(plan.to_json(), flush=True)
-            return 2 if plan.problems else 0
+            return ExitCode.BAD_INPUT if plan.problems else ExitCode.SUCCESS
         if plan.problems:
             error_type = (
                 DeviceError if plan.gpu_problem else CodeError if plan.program else ConfigError
@@ -324,7 +341,7 @@ def train(cli_args: Sequence[str], stop: Stop) -> int:
         return job.execute(outcome)
     except (BootstrapError, OSError) as error:
         stop.raising = False  # a stop now must not interrupt the report
-        code = error.exit_code if isinstance(error, BootstrapError) else 2
+        code = error.exit_code if isinstance(error, BootstrapError) else ExitCode.BAD_INPUT
         # a failure relayed from another host is already in words
         what = str(error) if isinstance(error, PeerFailure) else f"{type(error).__name__}: {error}"
         log(f"error: {error}")
@@ -335,7 +352,7 @@ def train(cli_args: Sequence[str], stop: Stop) -> int:
     except BaseException:
         stop.raising = False
         if job:
-            job.post_failure("internal error of container-entry", 70)
+            job.post_failure("internal error of container-entry", ExitCode.INTERNAL)
         raise
     finally:
         stop.after_workers()

@@ -31,9 +31,13 @@ def log(message: str) -> None:
     from container_entry.worker import locked_write
 
     text = "".join(f"{PREFIX} {line}\n" for line in redact(message).splitlines() or [""])
-    if sys.stderr is not sys.__stderr__:  # replaced (a test's capture): no console to share
-        print(text, end="", file=sys.stderr, flush=True)
+    stream = sys.stderr
+    if stream is None:  # no stderr at all: the failure file still says it
+        return
+    shared = stream is sys.__stderr__  # else replaced (a test's capture): no console to share
+    if not shared:
+        print(text, end="", file=stream, flush=True)
         return
     with contextlib.suppress(OSError, ValueError):  # a console nobody reads: the failure file
-        sys.stderr.flush()  # still says it
+        stream.flush()  # still says it
         locked_write(2, encoded(text))

@@ -9,14 +9,15 @@ prints what each rank wrote, tagged by rank, with the file where the same text i
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from container_entry.launch import CONTROL_ROOT, Workers
+from container_entry.exits import ExitCode
+from container_entry.layout import CONTROL_ROOT, ControlDir, RunDir
+from container_entry.records import Command
+from container_entry.workers import Workers
 
 WAIT_SECONDS = 3.0
 
@@ -31,16 +32,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _launches(root: Path) -> list[tuple[Path, Path]]:
+def _launches(root: Path) -> list[tuple[ControlDir, RunDir]]:
     """(control folder, run folder) of every launch whose bootstrap is still running."""
     found = []
-    for control in sorted(root.glob("*-*")):
-        pid, _, _ = control.name.partition("-")
-        if not pid.isdigit() or not _alive(int(pid)):
+    for pid, control in ControlDir.live(root):
+        if not _alive(pid):
             continue
-        with contextlib.suppress(OSError, ValueError, KeyError):
-            run_dir = Path(json.loads((control / "command.json").read_text())["run_dir"])
-            found.append((control, run_dir))
+        try:
+            found.append((control, RunDir(Path(Command.read(control.command).run_dir))))
+        except (OSError, ValueError):
+            continue
     return found
 
 
@@ -48,33 +49,36 @@ def print_live_stacks(root: Path = CONTROL_ROOT) -> int:
     launches = _launches(root)
     if not launches:
         print("container-entry stacks: no running job in this container", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     for control, run_dir in launches:
-        found = Workers(control)
-        workers = found.refresh()
-        before: dict[int, tuple[Path, int]] = {}
-        for rank in sorted(workers):
-            path = run_dir / "stacks" / f"rank-{rank}.txt"
-            before[rank] = (path, path.stat().st_size if path.exists() else 0)
-        asked = found.request_stacks()
-        for rank in sorted(rank for rank, yes in asked.items() if not yes):
-            print(
-                f"rank {rank}: not asked (no stack handler in its process: not a Python script, "
-                "or still starting)"
-            )
-        deadline = time.monotonic() + WAIT_SECONDS
-        pending = {rank: before[rank] for rank, yes in asked.items() if yes and rank in before}
-        while pending and time.monotonic() < deadline:
-            time.sleep(0.05)
-            for rank, (path, size) in list(pending.items()):
-                if path.exists() and path.stat().st_size > size:
-                    time.sleep(0.1)  # let faulthandler finish writing every thread
-                    text = path.read_bytes()[size:].decode("utf-8", "replace")
-                    host = workers[rank].get("host", "?")
-                    for line in text.rstrip("\n").splitlines():
-                        print(f"[{host} rank {rank}] {line}")
-                    print(f"[{host} rank {rank}] (also in {path})", flush=True)
-                    del pending[rank]
-        for rank in sorted(pending):
-            print(f"rank {rank}: no stacks within {WAIT_SECONDS:g} s (busy in native code?)")
-    return 0
+        _print_launch(Workers(control), run_dir)
+    return ExitCode.SUCCESS
+
+
+def _print_launch(found: Workers, run_dir: RunDir) -> None:
+    workers = found.refresh()
+    before: dict[int, tuple[Path, int]] = {}
+    for rank in sorted(workers):
+        path = run_dir.stack(rank)
+        before[rank] = (path, path.stat().st_size if path.exists() else 0)
+    asked = found.request_stacks()
+    for rank in sorted(rank for rank, yes in asked.items() if not yes):
+        print(
+            f"rank {rank}: not asked (no stack handler in its process: not a Python script, "
+            "or still starting)"
+        )
+    deadline = time.monotonic() + WAIT_SECONDS
+    pending = {rank: before[rank] for rank, yes in asked.items() if yes and rank in before}
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.05)
+        for rank, (path, size) in list(pending.items()):
+            if path.exists() and path.stat().st_size > size:
+                time.sleep(0.1)  # let faulthandler finish writing every thread
+                text = path.read_bytes()[size:].decode("utf-8", "replace")
+                host = workers[rank].host or "?"
+                for line in text.rstrip("\n").splitlines():
+                    print(f"[{host} rank {rank}] {line}")
+                print(f"[{host} rank {rank}] (also in {path})", flush=True)
+                del pending[rank]
+    for rank in sorted(pending):
+        print(f"rank {rank}: no stacks within {WAIT_SECONDS:g} s (busy in native code?)")

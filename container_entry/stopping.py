@@ -28,14 +28,27 @@ from container_entry.exits import signal_name
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
-# (no `typing` import: this module loads before the first line of the bootstrap that counts)
-_early: dict[str, object] = {}  # the first stop signal that `record_early`'s handler saw
-_early_previous: dict[int, object] = {}  # the handlers it replaced
+
+
+class _Early:
+    """The first stop signal that `record_early`'s handler saw."""
+
+    signal: str | None = None
+    number: int = 0
+    at: float | None = None
+
+    @classmethod
+    def clear(cls) -> None:
+        cls.signal, cls.number, cls.at = None, 0, None
+
+
+# the handlers `record_early` replaced (signal.signal's return values)
+_early_previous: dict[int, signal._HANDLER] = {}
 
 
 def _note_early(signum: int, _frame: object) -> None:
-    if not _early:
-        _early.update(signal=signal_name(signum), number=signum, at=time.time())
+    if _Early.signal is None:
+        _Early.signal, _Early.number, _Early.at = signal_name(signum), signum, time.time()
 
 
 def record_early() -> None:
@@ -62,9 +75,9 @@ def release_early() -> None:
         with contextlib.suppress(ValueError, OSError, TypeError):
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
     _early_previous.clear()
-    if _early:
-        number = _early["number"]
-        _early.clear()
+    if _Early.signal is not None:
+        number = _Early.number
+        _Early.clear()
         signal.raise_signal(number)
 
 
@@ -76,7 +89,7 @@ class Stop:
         self._read, self._write = os.pipe()
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, signal._HANDLER] = {}
 
     def install(self) -> None:
         for sig in STOP_SIGNALS:
@@ -85,11 +98,11 @@ class Stop:
                 previous = _early_previous.get(sig, signal.SIG_DFL)
             self._previous.setdefault(sig, previous)
         _early_previous.clear()
-        if _early and self.signal is None:  # a stop came before this handler was installed
-            self.signal, self.at = _early["signal"], _early["at"]
+        if _Early.signal is not None and self.signal is None:  # it came before this handler
+            self.signal, self.at = _Early.signal, _Early.at
             with contextlib.suppress(OSError):
                 os.write(self._write, b"\0")
-        _early.clear()
+        _Early.clear()
 
     def check(self) -> None:
         """Raise StopRequested for a stop that came before `install` (its handler could not)."""

@@ -38,7 +38,8 @@ def _safe_extract(archive: Path, target: Path) -> None:
     except tarfile.TarError as error:
         if not isinstance(error, getattr(tarfile, "FilterError", ())):
             raise _unreadable(archive, error) from None
-        name = error.tarinfo.name if error.tarinfo else "?"
+        refused = getattr(error, "tarinfo", None)  # tarfile.FilterError's
+        name = refused.name if refused is not None else "?"
         raise CodeError(f"{archive}: member {quoted(name)} is refused: {error}") from None
     except (OSError, EOFError, zlib.error) as error:
         raise _unreadable(archive, error) from None
@@ -101,7 +102,8 @@ def prepare(plan: Plan, environ: dict[str, str]) -> Path:
             found = ", ".join(map(escaped, sorted(os.listdir(code_dir))[:10])) or "empty"
         except OSError:
             found = "directory missing"
-        raise CodeError(f"entry script {quoted(plan.program)} not found in {where}; found: {found}")
+        program = quoted(plan.program or "")
+        raise CodeError(f"entry script {program} not found in {where}; found: {found}")
     if script.suffix != ".py":
         make_executable(script)
     return script

@@ -53,7 +53,7 @@ DOCS_BEGIN, DOCS_END = "<!-- generated: make bench-liveness -->", "<!-- end gene
 
 FAKE_TORCHRUN = r'''
 """Stand-in for torchrun (simulate_hosts.py): no worker, the records a worker would leave.
-Imported first, run when launched (as the bootstrap starts torchrun: container_entry.launch)."""
+Imported first, run when launched (as the bootstrap starts torchrun: torchrun_process.py)."""
 import json, os, signal, sys, time
 
 

@@ -276,7 +276,7 @@ def test_an_unexpected_exception_is_one_line_a_failure_file_and_exit_70(tmp_path
 def handles_sigterm(pid: int, timeout: float = 10.0) -> bool:
     """Wait until the process caught SIGTERM (its SigCgt mask): the bootstrap's first act.
     Before it, as PID 1 in a container the kernel drops the signal, and here it kills."""
-    from container_entry.launch import catches
+    from container_entry.workers import catches
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

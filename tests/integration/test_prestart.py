@@ -1,4 +1,4 @@
-"""torchrun started before the launch (container_entry.launch.Prestarted), on real processes.
+"""torchrun started before the launch (torchrun_process.Prestarted), on real processes.
 
 The launcher here is a stand-in `torch.distributed.run` module on PYTHONPATH (no torch needed:
 what is tested is the hand-over, not torchrun): its import is the slow part a real torchrun has,
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from container_entry.launch import Prestarted
+from container_entry.torchrun_process import Prestarted
 
 ARGV_HEAD = [sys.executable, "-m", "torch.distributed.run"]
 
@@ -97,7 +97,7 @@ def test_it_ends_by_itself_when_the_bootstrap_is_gone(tmp_path):
     env = {"PYTHONPATH": str(fake), "PATH": os.environ["PATH"]}
     script = (
         "import os, sys, time\n"
-        "from container_entry.launch import Prestarted\n"
+        "from container_entry.torchrun_process import Prestarted\n"
         f"p = Prestarted(sys.executable, {env!r})\n"
         "print(p.process.pid, flush=True)\n"
         "time.sleep(60)\n"

@@ -16,15 +16,15 @@ import pytest
 from container_entry import settings
 from container_entry.coordination import Coordinator, Member
 from container_entry.errors import ConfigError
-from container_entry.failure import Observed, verdict
+from container_entry.exits import ExitCode
 from container_entry.hang import (
-    HUNG_EXIT_CODE,
     PROGRESS_ENV,
     Activity,
     hung_text,
     is_hang,
     report_progress,
 )
+from container_entry.layout import RunDir
 from container_entry.records import RankRecord
 from tests.unit.test_coordination import FAST, free_port, join_all
 
@@ -38,7 +38,7 @@ def test_idle_is_the_silence_since_the_newest_rank_log_or_progress_report(tmp_pa
     (tmp_path / "logs").mkdir()
     logs = [tmp_path / "logs" / f"rank-{n}.log" for n in range(3)]
     progress = tmp_path / "progress"
-    activity = Activity(tmp_path, str(progress))
+    activity = Activity(RunDir(tmp_path), str(progress))
     activity.since -= 100  # launched long ago
     assert activity.idle() == pytest.approx(100, abs=1)  # no file yet: since the launch
     for age, path in zip((50, 30, 70), logs, strict=True):
@@ -57,7 +57,7 @@ def test_files_of_a_previous_run_do_not_count_before_the_launch(tmp_path):
     stale = tmp_path / "logs" / "rank-0.log"
     stale.write_text("old\n")
     _age(stale, -3600)  # even one from the future counts as no later than now
-    activity = Activity(tmp_path, None)
+    activity = Activity(RunDir(tmp_path), None)
     assert activity.idle() == 0.0
 
 
@@ -105,7 +105,7 @@ def test_the_master_declares_a_hang_only_when_every_host_is_silent(idles, hung):
             for m in members:  # the master's own bootstrap hears it too
                 assert is_hang(m.abort)
                 assert m.abort.what == "hung: no output from any rank on any host for 5 s"
-                assert m.abort.returncode == HUNG_EXIT_CODE
+                assert m.abort.returncode == ExitCode.HUNG
         else:
             assert not any(m.aborted.is_set() for m in members)
     finally:
@@ -153,23 +153,6 @@ def test_hang_timeout_from_env_or_hyperparameter_and_the_progress_variable_is_no
     assert settings.resolve({}, {"hang_timeout": "1800"}).hang_timeout == 1800.0
     environ = {"CONTAINER_ENTRY_HANG_TIMEOUT": "60", PROGRESS_ENV: "/x/progress"}
     assert settings.resolve(environ, {}).hang_timeout == 60.0
-
-
-def test_the_failure_file_starts_with_the_verdict_then_where_each_rank_was(tmp_path):
-    stacks = tmp_path / "stacks"
-    stacks.mkdir()
-    (stacks / "rank-1.txt").write_text(
-        "Current thread 0x00007f (most recent call first):\n"
-        '  File "/opt/ml/code/train.py", line 8 in stuck\n'
-        '  File "/opt/ml/code/train.py", line 12 in <module>\n'
-    )
-    what = hung_text(600, hosts=2)
-    run = Observed(hung=RankRecord(host=None, rank=None, returncode=HUNG_EXIT_CODE, what=what))
-    run.results[1] = RankRecord(host="algo-2", rank=1, returncode=-15, signal="SIGTERM")
-    result = verdict(run, "algo-2", tmp_path)
-    assert result.exit_code == 124
-    assert result.reason == "hung: no output from any rank on any host for 600 s"
-    assert result.details[0].startswith("  rank 1 was at train.py:8 in stuck")
 
 
 def test_only_the_watchdog_s_own_record_is_a_hang():

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 
 from container_entry import logs
-from container_entry.launch import TorchrunOutput
 from container_entry.masking import (
     MASK,
     MIN_SECRET_LENGTH,
@@ -26,6 +25,7 @@ from container_entry.masking import (
     secret_values,
 )
 from container_entry.plan import build_plan
+from container_entry.torchrun_output import TorchrunOutput
 from container_entry.worker import Relay
 from tests.unit.conftest import make_env
 

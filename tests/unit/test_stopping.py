@@ -91,7 +91,7 @@ def restored():
     yield
     for sig, old in previous.items():
         signal.signal(sig, old)
-    stopping._early.clear()
+    stopping._Early.clear()
     stopping._early_previous.clear()
 
 

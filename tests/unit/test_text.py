@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
-from container_entry.exits import signal_name, signal_number, stopped_exit_code
-from container_entry.failure import Outcome, container_exit_code, describe_exit
+from container_entry.exits import of_returncode, signal_name, signal_number, stopped_exit_code
+from container_entry.failure import describe_exit
+from container_entry.outcome import Outcome
 from container_entry.records import read_json, write_json
 from container_entry.text import encoded, escaped, printable, quoted
 
@@ -87,7 +88,7 @@ def test_every_signal_number_is_named_as_kill_l_names_it_and_exits_128_plus_n(nu
     name = signal_name(number)
     assert signal_number(name) == number
     assert describe_exit(-number) == f"signal {name}"
-    assert container_exit_code(-number) == 128 + number
+    assert of_returncode(-number) == 128 + number
     shell = subprocess.run(
         ["bash", "-c", f"kill -l {number}"], capture_output=True, text=True, check=False
     ).stdout.strip()
@@ -101,7 +102,7 @@ def test_real_time_signals_by_name():
     assert signal_name(RTMIN + 2) == "SIGRTMIN+2" and signal_number("SIGRTMIN+2") == RTMIN + 2
     assert signal_name(RTMAX - 1) == "SIGRTMAX-1" and signal_name(RTMAX) == "SIGRTMAX"
     assert describe_exit(-(RTMIN + 2)) == "signal SIGRTMIN+2"
-    assert container_exit_code(-(RTMIN + 2)) == 128 + RTMIN + 2  # 164 with glibc
+    assert of_returncode(-(RTMIN + 2)) == 128 + RTMIN + 2  # 164 with glibc
     assert signal_number("SIGNOPE") is None and signal_name(200) == "SIG200"
 
 

@@ -1,5 +1,6 @@
-"""launch.py's pieces that decide what the workers get and what is left on disk, each on real
-files and pipes; the whole supervise loop runs on real torchrun in tests/integration."""
+"""The launch's pieces that decide what the workers get and what is left on disk (layout,
+torchrun_process, torchrun_output, workers), each on real files and pipes; the whole supervise
+loop runs on real torchrun in tests/integration."""
 
 from __future__ import annotations
 
@@ -16,19 +17,17 @@ from pathlib import Path
 import pytest
 
 from container_entry import logs
+from container_entry.ending import Ending, Kind, Observed, verdict
+from container_entry.exits import ExitCode
 from container_entry.hang import PROGRESS_ENV
-from container_entry.launch import (
-    TorchrunOutput,
-    Workers,
-    child_environment,
-    control_dir,
-    prepare_run_dir,
-    tidy_run_dir,
-)
+from container_entry.layout import ControlDir, RunDir
 from container_entry.masking import MASK, Masker
 from container_entry.plan import build_plan
 from container_entry.preflight import EXPECTED_GPUS_ENV
+from container_entry.torchrun_output import TorchrunOutput
+from container_entry.torchrun_process import child_environment
 from container_entry.worker import CONTROL_ENV
+from container_entry.workers import Workers, catches
 from tests.unit.conftest import make_env
 from tests.unit.test_masking import CORE, TRICKY
 
@@ -37,7 +36,7 @@ def test_the_workers_get_the_plan_s_additions_but_never_over_a_user_value(tmp_pa
     environ = {"SAGEMAKER_PROGRAM": "train.py", "OMP_NUM_THREADS": "3", "MY_VAR": "x y"}
     plan = build_plan(make_env(environ=environ))
     assert "OMP_NUM_THREADS" not in plan.env  # the plan already leaves the user's value out
-    env = child_environment(plan, {**environ, "PYTHONPATH": "/mine"}, tmp_path)
+    env = child_environment(plan, {**environ, "PYTHONPATH": "/mine"}, ControlDir(tmp_path))
     assert env["OMP_NUM_THREADS"] == "3" and env["MY_VAR"] == "x y"
     assert env["PYTHONPATH"] == "/mine"  # set after the plan was made: still the user's
     assert env[PROGRESS_ENV] == plan.env[PROGRESS_ENV].value
@@ -46,10 +45,10 @@ def test_the_workers_get_the_plan_s_additions_but_never_over_a_user_value(tmp_pa
 
 
 def test_a_control_folder_is_private_and_fresh_per_launch():
-    path = control_dir("unit-test")
+    path = ControlDir.create("unit-test").path
     try:
         (path / "stale").write_text("x")
-        again = control_dir("unit-test")
+        again = ControlDir.create("unit-test").path
         assert again == path and not (path / "stale").exists()
         assert stat.S_IMODE(path.stat().st_mode) == 0o700
         assert path.name == f"{os.getpid()}-unit-test"
@@ -60,11 +59,12 @@ def test_a_control_folder_is_private_and_fresh_per_launch():
 def test_only_the_previous_run_s_own_records_are_removed(tmp_path):
     (tmp_path / "logs").mkdir()
     (tmp_path / "stacks").mkdir()
-    ours = ["rank-0.json", "logs/rank-3.log", "stacks/rank-1.txt"]
+    (tmp_path / "flight-recorder").mkdir()
+    ours = ["rank-0.json", "logs/rank-3.log", "stacks/rank-1.txt", "flight-recorder/rank-2.json"]
     theirs = ["rank-notes.txt", "logs/my.log", "metrics.json", "stacks/readme"]
     for name in ours + theirs:
         (tmp_path / name).write_text("x")
-    prepare_run_dir(tmp_path)
+    RunDir(tmp_path).prepare()
     assert not any((tmp_path / name).exists() for name in ours)
     assert all((tmp_path / name).exists() for name in theirs)
 
@@ -73,12 +73,12 @@ def test_empty_stack_files_and_an_empty_stacks_folder_are_not_left(tmp_path):
     stacks = tmp_path / "stacks"
     stacks.mkdir()
     (stacks / "rank-0.txt").write_text("")
-    tidy_run_dir(tmp_path)
+    RunDir(tmp_path).tidy()
     assert not stacks.exists()
     stacks.mkdir()
     (stacks / "rank-0.txt").write_text("")
     (stacks / "rank-1.txt").write_text('File "t.py", line 1 in <module>\n')
-    tidy_run_dir(tmp_path)
+    RunDir(tmp_path).tidy()
     assert [p.name for p in stacks.iterdir()] == ["rank-1.txt"]
 
 
@@ -89,8 +89,8 @@ def test_workers_are_read_from_their_pid_files_and_signalled_by_group(tmp_path):
         record = {"rank": 2, "wrapper": child.pid, "child": child.pid, "host": "algo-1"}
         (tmp_path / "rank-2.pid").write_text(json.dumps(record))
         (tmp_path / "rank-9.pid").write_text("{half a record")  # being written: skipped
-        workers = Workers(tmp_path)
-        assert workers.refresh() == {2: record}
+        workers = Workers(ControlDir(tmp_path))
+        assert {r: vars(p) for r, p in workers.refresh().items()} == {2: record}
         workers.signal(signal.SIGTERM, ranks=[5])  # not that rank: nothing happens
         assert child.poll() is None
         workers.signal(signal.SIGTERM)
@@ -153,8 +153,6 @@ def test_a_usage_block_without_an_error_is_shown_after_all(capfd):
 
 
 def test_torch_s_own_cpp_lines_reach_the_torchrun_failure_report():
-    from container_entry.failure import Observed, verdict
-
     run = Observed(torch_version="2.9.0")
     run.returncode = 1
     run.torchrun_tail = [
@@ -162,20 +160,18 @@ def test_torch_s_own_cpp_lines_reach_the_torchrun_failure_report():
         "[W1203 10:00:00.000 socket.cpp:200] [c10d] The client socket has timed out",
         "[E1203 10:00:01.000 TCPStore.cpp:100] [c10d] connect() to algo-1:29500 failed",
     ]
-    result = verdict(run, "algo-2", Path("/nonexistent"))
+    result = verdict(Ending(Kind.TORCHRUN_FAILED), run, "algo-2", RunDir(Path("/nonexistent")))
     assert result.exit_code == 1
     assert "[E1203 10:00:01.000 TCPStore.cpp:100] [c10d] connect() to algo-1" in result.reason
     assert "usage" not in result.reason
 
 
 def test_torchrun_rejecting_our_command_line_is_an_internal_error_naming_the_torch():
-    from container_entry.failure import INTERNAL_EXIT_CODE, Observed, verdict
-
     run = Observed(torch_version="2.9.0+cu128")
     run.returncode = 2
     run.torchrun_tail = USAGE.splitlines()
-    result = verdict(run, "algo-2", Path("/nonexistent"))
-    assert result.exit_code == INTERNAL_EXIT_CODE
+    result = verdict(Ending(Kind.TORCHRUN_FAILED), run, "algo-2", RunDir(Path("/nonexistent")))
+    assert result.exit_code == ExitCode.INTERNAL
     assert result.reason == (
         "internal error: torchrun (torch 2.9.0+cu128) on algo-2 rejected the command line "
         "container-entry built: unrecognized arguments: --shutdown-timeout"
@@ -204,10 +200,8 @@ def test_only_ranks_with_a_stack_handler_are_asked_for_stacks(tmp_path):
         deadline = time.monotonic() + 30
         while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.05)
-        from container_entry.launch import catches
-
         assert catches(python.pid, signal.SIGUSR2) and not catches(shell.pid, signal.SIGUSR2)
-        assert Workers(tmp_path).request_stacks() == {0: True, 1: False}
+        assert Workers(ControlDir(tmp_path)).request_stacks() == {0: True, 1: False}
         time.sleep(0.5)
         assert python.poll() is None and shell.poll() is None  # both still running
         assert "File" in (tmp_path / "s").read_text()

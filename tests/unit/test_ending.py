@@ -1,0 +1,160 @@
+"""How a run ends (container_entry.ending), without processes: `decide`'s priority order over
+every pair of endings one look can show, and the verdict each ending becomes."""
+
+from __future__ import annotations
+
+import itertools
+import signal
+
+import pytest
+
+from container_entry.ending import Ending, Kind, Observed, Seen, decide, verdict
+from container_entry.exits import ExitCode
+from container_entry.hang import hung_text
+from container_entry.layout import RunDir
+from container_entry.records import RankRecord
+
+
+def record(**fields) -> RankRecord:
+    return RankRecord(**{"host": "algo-1", "rank": 0, "local_rank": 0, **fields})
+
+
+FAILURE = record(returncode=1, ended_at=5.0)
+PEER = RankRecord(host="algo-2", rank=3, returncode=1)
+HANG = RankRecord(host=None, rank=None, returncode=ExitCode.HUNG, what=hung_text(60, 2))
+# what one look can show, each alone: the fields of Seen that make each ending
+SHOWS = {
+    Kind.STOPPED: {"stop_signal": "SIGTERM"},
+    Kind.FAILED: {"failures": (FAILURE,)},
+    Kind.LOST_MASTER: {"lost_master": "algo-1"},
+    Kind.HUNG: {"idle": 61.0, "hang_timeout": 60.0},
+    Kind.PEER_FAILED: {"relayed": PEER},
+}
+
+
+@pytest.mark.parametrize("kind", list(SHOWS))
+def test_each_ending_alone(kind):
+    assert decide(Seen(**SHOWS[kind])).kind is kind
+
+
+# every pair but HUNG with PEER_FAILED: the master's hang verdict and another host's failure
+# both come as its one word (`relayed`), never together (its own test below)
+PAIRS = [
+    pair for pair in itertools.combinations(SHOWS, 2) if set(pair) != {Kind.HUNG, Kind.PEER_FAILED}
+]
+
+
+@pytest.mark.parametrize(("first", "second"), PAIRS)
+def test_of_two_at_one_look_the_one_declared_first_wins(first, second):
+    assert decide(Seen(**SHOWS[first], **SHOWS[second])).kind is first
+
+
+def test_the_order_is_written_once_in_the_type():
+    assert list(Kind)[:5] == list(SHOWS)
+
+
+def test_the_master_s_word_is_a_hang_or_a_peer_s_failure():
+    assert decide(Seen(relayed=HANG)) == Ending(Kind.HUNG, HANG)
+    assert decide(Seen(relayed=PEER)) == Ending(Kind.PEER_FAILED, PEER)
+
+
+def test_nothing_yet_while_torchrun_runs_then_how_it_exited():
+    assert decide(Seen()) is None
+    assert decide(Seen(exited=True, returncode=0)).kind is Kind.SUCCEEDED
+    assert decide(Seen(exited=True, returncode=1)).kind is Kind.TORCHRUN_FAILED
+
+
+def test_with_restarts_a_failure_waits_for_torchrun_unless_it_would_repeat():
+    assert decide(Seen(failures=(FAILURE,), restarts=2)) is None
+    assert decide(Seen(failures=(FAILURE,), restarts=2, exited=True)).kind is Kind.FAILED
+    syntax = record(returncode=1, exception={"type": "SyntaxError", "message": "x"})
+    assert decide(Seen(failures=(syntax,), restarts=2)).kind is Kind.FAILED
+
+
+def test_the_first_of_several_local_failures_by_end_time():
+    late, early = record(rank=1, returncode=1, ended_at=9.0), record(returncode=2, ended_at=3.0)
+    assert decide(Seen(failures=(late, early))).record is early
+
+
+def test_the_hang_of_one_host_names_it():
+    ending = decide(Seen(idle=10.0, hang_timeout=5.0, host="algo-1"))
+    assert ending.kind is Kind.HUNG and ending.record.what == hung_text(5.0)
+    assert decide(Seen(idle=4.0, hang_timeout=5.0)) is None
+    assert decide(Seen(idle=100.0, hang_timeout=0.0)) is None  # off
+
+
+def test_a_lost_master_is_its_own_line_not_another_host_s_failure(tmp_path):
+    ending = decide(Seen(lost_master="algo-1"))
+    result = verdict(ending, Observed(), "algo-2", RunDir(tmp_path))
+    assert result.exit_code == ExitCode.FAILED
+    assert result.reason.startswith("lost contact with the master host algo-1")
+
+
+def test_a_stop_after_every_rank_exited_0_is_a_success(tmp_path):
+    done = {r: record(rank=r, ended_at=99.0) for r in (0, 1)}
+    run = Observed(
+        stop_signal="SIGTERM", stop_at=100.0, returncode=1, launched={0, 1}, results=done
+    )
+    assert verdict(Ending(Kind.STOPPED), run, "algo-1", RunDir(tmp_path)).exit_code == 0
+
+
+def stopped_run(signal_name: str = "SIGTERM", **fields) -> Observed:
+    return Observed(stop_signal=signal_name, stop_at=100.0, grace=100.0, returncode=0, **fields)
+
+
+STOPPED = Ending(Kind.STOPPED)
+
+
+def test_a_stop_before_any_rank_started_says_so_not_0_of_0(tmp_path):
+    """A stop after torchrun was launched but before any rank's wrapper announced itself once
+    read `0 of 0 local ranks exited within 0.0 s`."""
+    result = verdict(STOPPED, stopped_run(), "algo-1", RunDir(tmp_path))
+    assert result.exit_code == 143
+    assert result.reason.endswith("docker stop): the stop came before any rank started")
+    assert "0 of 0" not in result.reason
+
+
+@pytest.mark.parametrize(("name", "code"), [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
+def test_a_stopped_job_exits_128_plus_its_signal(tmp_path, name, code):
+    ranks = {
+        rank: record(rank=rank, local_rank=rank, stop_signal=name, ended_at=101.5)
+        for rank in (0, 1)
+    }
+    run = stopped_run(name, launched={0, 1}, results=ranks)
+    result = verdict(STOPPED, run, "algo-1", RunDir(tmp_path))
+    assert result.exit_code == code
+    assert f"job stopped by {name} on algo-1" in result.reason
+    assert result.reason.endswith("all 2 local ranks exited within 1.5 s")
+
+
+def test_ranks_killed_after_the_grace_are_still_named(tmp_path):
+    run = stopped_run(launched={0, 1}, results={0: record(ended_at=101.0)})
+    reason = verdict(STOPPED, run, "algo-1", RunDir(tmp_path)).reason
+    assert "1 of 2 local ranks exited within 1.0 s; rank 1 still running" in reason
+
+
+def test_a_rank_killed_by_a_real_time_signal_is_named_and_exits_128_plus_n(tmp_path):
+    number = int(signal.SIGRTMIN) + 2
+    failed = record(returncode=-number, signal="SIGRTMIN+2")
+    run = Observed(returncode=1, results={0: failed}, launched={0})
+    result = verdict(Ending(Kind.FAILED, failed), run, "algo-1", RunDir(tmp_path))
+    assert result.exit_code == 128 + number
+    assert result.reason.startswith("rank 0 (local 0) on algo-1: signal SIGRTMIN+2 [first")
+
+
+def test_the_failure_file_starts_with_the_verdict_then_where_each_rank_was(tmp_path):
+    stacks = tmp_path / "stacks"
+    stacks.mkdir()
+    (stacks / "rank-1.txt").write_text(
+        "Current thread 0x00007f (most recent call first):\n"
+        '  File "/opt/ml/code/train.py", line 8 in stuck\n'
+        '  File "/opt/ml/code/train.py", line 12 in <module>\n'
+    )
+    what = hung_text(600, hosts=2)
+    hung = RankRecord(host=None, rank=None, returncode=ExitCode.HUNG, what=what)
+    run = Observed()
+    run.results[1] = RankRecord(host="algo-2", rank=1, returncode=-15, signal="SIGTERM")
+    result = verdict(Ending(Kind.HUNG, hung), run, "algo-2", RunDir(tmp_path))
+    assert result.exit_code == 124
+    assert result.reason == "hung: no output from any rank on any host for 600 s"
+    assert result.details[0].startswith("  rank 1 was at train.py:8 in stuck")
