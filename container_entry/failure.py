@@ -54,9 +54,13 @@ def shm_is_small(path: str = "/dev/shm") -> bool:
 
 # (matches(text, exit code), advice), most specific first: a signature in what the rank printed
 # wins over what its exit code alone suggests (a watchdog timeout ends in SIGABRT).
+def is_cuda_oom(text: str) -> bool:
+    return "CUDA out of memory" in text or "OutOfMemoryError" in text
+
+
 _HINTS = (
     (
-        lambda text, code: "CUDA out of memory" in text or "OutOfMemoryError" in text,
+        lambda text, code: is_cuda_oom(text),
         "GPU out of memory: lower the per-device batch size",
     ),
     (

@@ -29,7 +29,6 @@ from container_entry.exits import signal_name
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-
 class _Early:
     """The first stop signal that `record_early`'s handler saw."""
 

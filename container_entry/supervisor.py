@@ -25,13 +25,16 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 
+from container_entry import gpu_memory
 from container_entry import settings as knobs
 from container_entry.coordination import Member
 from container_entry.ending import Ending, Kind, Observed, Seen, decide
-from container_entry.failure import summarized
+from container_entry.failure import is_cuda_oom, summarized, words
 from container_entry.hang import PROGRESS_ENV, Activity
 from container_entry.layout import ControlDir, RunDir
+from container_entry.logs import log
 from container_entry.plan import Plan
 from container_entry.records import Command, RankRecord, read_json
 from container_entry.stopping import Stop
@@ -199,6 +202,8 @@ class Supervisor:
             return Hanging(*parts, grace, message, self.control, self.run_dir)
         if ending.kind is Kind.FAILED:
             assert record is not None
+            record = self._with_gpu_memory(record)
+            self.ending = Ending(Kind.FAILED, record)
             message = (
                 f"rank {record.rank} on {record.host} failed: stopping this host's workers "
                 "and telling the other hosts"
@@ -209,6 +214,24 @@ class Supervisor:
             return Winding(*parts, grace, message)
         message = "another host failed: recording stacks, stopping this host's workers"
         return Winding(*parts, grace, message)
+
+    def _with_gpu_memory(self, record: RankRecord) -> RankRecord:
+        """A CUDA out-of-memory failure with who holds that GPU's memory, asked now, while
+        the other ranks (and their contexts) still run."""
+        text = "\n".join([str(record.exception or ""), *record.stderr_tail])
+        if not self.plan.num_gpus or not is_cuda_oom(text):
+            return record
+        gpu = gpu_memory.oom_device(text, self._effective("CUDA_VISIBLE_DEVICES"))
+        if gpu is None or record.rank is None:
+            return record
+        try:
+            found = gpu_memory.holders(gpu, self.workers.refresh())
+        except (OSError, subprocess.SubprocessError, ValueError) as error:
+            log(f"could not ask the driver who holds GPU {gpu}'s memory: {error}")
+            return record
+        line = gpu_memory.report(gpu, self.plan.topology.current_host, record.rank, found)
+        words_now = words(record, self.plan.max_restarts)
+        return replace(record, summary=f"{words_now}; {line}")
 
     def _teller(self, record: RankRecord) -> Callable[[], None] | None:
         member = self.member
