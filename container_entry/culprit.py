@@ -12,10 +12,14 @@ reads dump files on disk with torch imported, which the bootstrap never does.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from container_entry.failure import where
+from container_entry.layout import RunDir
 
 # torch's dtype names in the records -> the names users write
 _DTYPES = {
@@ -234,3 +238,32 @@ def _missing(ranks: Sequence[Rank], name: str) -> str | None:
     )
     located = [f"{ranges([r.rank])} was at {r.where}" for r in behind if r.where]
     return "; ".join([text, *located[:3]])
+
+
+def local_ranks(run_dir: RunDir, host: str) -> list[Rank]:
+    """This host's ranks as their dumps (flight_recorder.py) and stacks recorded them."""
+    found = []
+    for path in sorted(run_dir.dumps.glob("rank-*.json")):
+        try:
+            rank = int(path.stem.split("-", 1)[1])
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, IndexError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        try:
+            stacks = run_dir.stack(rank).read_text(errors="replace")
+        except OSError:
+            stacks = ""
+        found.append(Rank(rank, host, calls_of(data), groups_of(data), where(stacks)))
+    return found
+
+
+def explained(what: str, ranks: Sequence[Rank]) -> str:
+    """The hang verdict's first line with its culprit, where the records name one:
+    'hung: rank 3 on algo-2 never entered all_reduce #1042 ...; no output from any rank ...'."""
+    culprit = analyse(ranks)
+    if not culprit:
+        return what
+    silence = what.removeprefix("hung: ")
+    return f"hung: {culprit} ({silence})"

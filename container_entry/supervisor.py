@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from container_entry import gpu_memory
+from container_entry import culprit, gpu_memory
 from container_entry import settings as knobs
 from container_entry.coordination import Member
 from container_entry.ending import Ending, Kind, Observed, Seen, decide
@@ -138,6 +138,11 @@ class Supervisor:
         if self.ending is None:  # torchrun exited on its own: its restarts are over
             self.ending = decide(self.seen(exited=True))
         assert self.ending is not None  # decide always names an ending once torchrun exited
+        if self.ending.kind is Kind.HUNG and self.member is None and self.ending.record:
+            # one host: every rank's records are here (several: the master gathers them)
+            ranks = culprit.local_ranks(self.run_dir, self.plan.topology.current_host)
+            what = culprit.explained(self.ending.record.what or "hung", ranks)
+            self.ending = Ending(Kind.HUNG, replace(self.ending.record, what=what))
         return self.ending
 
     def look(self, now: float, *, always: bool = False) -> None:
