@@ -4,6 +4,7 @@ hook, an out-of-memory run kept as a result, and the report built from recorded 
 
 import argparse
 import importlib.util
+import os
 import threading
 from pathlib import Path
 
@@ -109,3 +110,52 @@ def test_the_gpu_image_tag_is_not_the_one_make_bench_builds():
     makefile = (SCRIPT.parents[1] / "Makefile").read_text()
     assert "IMAGE=container-entry:bench" in makefile
     assert bench.IMAGE != "container-entry:bench"
+
+
+def snapshot_case(name: str) -> tuple[list[dict], argparse.Namespace, int, dict]:
+    """Recorded runs for a report: `oom` (DataParallel out of memory on 2 GPUs, ours in the
+    image), `torchrun` (2 rounds each, one DDP run out of memory, different environments, 1
+    device, DDP outside our image, no GPU memory)."""
+    gib = 1 << 30
+    args = argparse.Namespace(
+        device="cuda", size="small", seq_len=512, batch_size=8, steps=60, warmup=10, rounds=1
+    )
+    if name == "oom":
+        dp_record = record(0, None, "OutOfMemoryError: CUDA out of memory", (20 * gib,) * 3)
+        ddp_record = record(0, 40.0, used=(5 * gib, 6 * gib, 7 * gib))
+        ddp_record["model_wrapper"] = "DistributedDataParallel"
+        runs = [
+            bench.collect("dataparallel", "python", 3, [dp_record]),
+            bench.collect("ddp", "container-entry", 0, [ddp_record]),
+        ]
+        return runs, args, 2, {"date": "2026-12-04 17:49 UTC", "gpus": "2 x A10G"}
+    args = argparse.Namespace(
+        device="cpu", size="tiny", seq_len=64, batch_size=4, steps=20, warmup=5, rounds=2
+    )
+    runs = []
+    for round_, (dp_rate, ddp_rate) in enumerate(((10.0, 12.5), (11.0, None))):
+        dp_record = record(0, dp_rate)
+        dp_record.update(memory={}, dtype_ran=["float32"], precision_requested="fp32")
+        ranks = [record(r, ddp_rate, None if ddp_rate else "OutOfMemoryError: x") for r in (0, 1)]
+        for rank in ranks:
+            rank.update(memory={}, dtype_ran=["float32"], precision_requested="fp32")
+            rank.update(model_wrapper="DistributedDataParallel", env={"OMP_NUM_THREADS": "1"})
+        runs.append(bench.collect("dataparallel", "python (one process)", 0, [dp_record]))
+        runs.append(bench.collect("ddp", "/usr/bin/python3", 3 if round_ else 0, ranks))
+    return runs, args, 1, {"date": "2026-12-05 08:00 UTC", "gpus": "none"}
+
+
+@pytest.mark.parametrize("name", ["oom", "torchrun"])
+def test_report_renders_as_the_snapshot(name, monkeypatch):
+    """The block written into docs/benchmarks.md, byte for byte; regenerate after a deliberate
+    change with UPDATE_SNAPSHOTS=1 and review the diff."""
+    monkeypatch.setattr("sys.argv", ["gpu_benchmark.py", "--size", "small", "--rounds", "1"])
+    if name == "torchrun":
+        monkeypatch.setenv("CONTAINER_ENTRY_IMAGE", "container-entry:gpu-bench-2")
+    else:
+        monkeypatch.delenv("CONTAINER_ENTRY_IMAGE", raising=False)
+    text = bench.report(*snapshot_case(name)) + "\n"
+    path = Path(__file__).parent / "snapshots" / f"gpu-benchmark-{name}.md"
+    if os.environ.get("UPDATE_SNAPSHOTS"):
+        path.write_text(text)
+    assert text == path.read_text(), f"report changed: UPDATE_SNAPSHOTS=1 and review {path}"
