@@ -410,3 +410,7 @@ def table(results: list[dict]) -> str:
         cells.append(f"{min(starts):.1f}-{max(starts):.1f} s" if starts else "-")
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""The scripts' command lines start: every `python -m scripts.NAME` the Makefile runs, and the
+scripts that also run by path (push.py from the buildspec, gpu_benchmark.py on a GPU host)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+MAKEFILE_MODULES = sorted(set(re.findall(r"-m scripts\.(\w+)", (REPO / "Makefile").read_text())))
+ARGPARSE_MODULES = [m for m in MAKEFILE_MODULES if m not in ("run_local", "local_cluster")]
+
+
+def test_the_makefile_runs_the_benchmarks_and_push():
+    for name in ("relay_benchmark", "bench", "thread_benchmark", "simulate_hosts", "push"):
+        assert name in MAKEFILE_MODULES
+
+
+@pytest.mark.parametrize("name", ARGPARSE_MODULES)
+def test_python_m_runs_the_command_line(name: str) -> None:
+    """`--help` reaches argparse only when the module calls its main() (simulate_hosts once
+    did not: `make bench-liveness` did nothing)."""
+    done = subprocess.run(
+        [sys.executable, "-m", f"scripts.{name}", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: "), done.stdout
