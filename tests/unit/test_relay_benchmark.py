@@ -1,4 +1,4 @@
-"""The relay benchmark's commands and table (scripts/relay_benchmark.py): both launchers in the
+"""The relay benchmark's commands and table (scripts/relay_benchmark*.py): both launchers in the
 same image, the HF Trainer row, the goals; the runs themselves are `make bench`'s."""
 
 from __future__ import annotations
@@ -8,13 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from scripts import relay_benchmark as bench
+from scripts import relay_benchmark, relay_benchmark_report, relay_benchmark_run
 
 
 def test_both_launchers_run_in_containers_of_the_same_image():
     base = Path("/tmp/relay-bench-x")
-    ours, _ = bench.command("ours", base, ["--steps", "5"], 29600, "img:1", hf=False)
-    bare, _ = bench.command("torchrun", base, ["--steps", "5"], 29600, "img:1", hf=False)
+    ours, _ = relay_benchmark_run.command("ours", base, ["--steps", "5"], 29600, "img:1", hf=False)
+    bare, _ = relay_benchmark_run.command(
+        "torchrun", base, ["--steps", "5"], 29600, "img:1", hf=False
+    )
     for argv in (ours, bare):
         assert argv[:3] == ["docker", "run", "--rm"] and "img:1" in argv
         assert "--env=OMP_NUM_THREADS=1" in argv and f"{base}:/opt/ml" in argv
@@ -24,9 +26,20 @@ def test_both_launchers_run_in_containers_of_the_same_image():
 
 
 def test_the_hf_job_under_bare_torchrun_gets_what_the_bootstrap_sets_on_cpu():
-    bare, _ = bench.command("torchrun", Path("/b"), [], 1, "img:1", hf=True)
+    bare, _ = relay_benchmark_run.command("torchrun", Path("/b"), [], 1, "img:1", hf=True)
     assert "--env=ACCELERATE_USE_CPU=true" in bare and "--env=SUMMARY_DIR=/opt/ml/result" in bare
     assert bare[-1] == "/opt/ml/code/hf_trainer_tiny.py"
+
+
+def test_launcher_before_runs_the_other_container_entry_on_this_host():
+    base = Path("/tmp/relay-bench-x")
+    argv, env = relay_benchmark_run.command(
+        "before", base, [], 29600, None, hf=False, before=Path("/old")
+    )
+    assert argv[1:4] == ["-m", "container_entry", "train"] and env["PYTHONPATH"] == "/old"
+    assert env["SAGEMAKER_BASE_DIR"] == str(base) and env["CONTAINER_ENTRY_MASTER_PORT"] == "29600"
+    _, ours = relay_benchmark_run.command("ours", base, [], 29600, None, hf=False)
+    assert ours.get("PYTHONPATH") == os.environ.get("PYTHONPATH")
 
 
 def run(steps_per_s: float, relay_cpu: float = 1.0) -> dict:
@@ -56,12 +69,14 @@ def test_the_table_has_the_goals_and_the_hf_row_and_no_cpu_row_for_it():
         "image": "img:1",
         "invocation": "make bench",
     }
-    table = bench.render(results, meta)
+    table = relay_benchmark_report.render(results, meta)
     assert "in containers of the image `img:1`" in table and "torch 2.9.0" in table
     assert "| 1, stdout | 105.0 (100.0-110.0) | 105.0 (99.0-111.0) |" in table
     hf_rows = [line for line in table.splitlines() if line.startswith("| HF Trainer job")]
     assert len(hf_rows) == 1 and "0.91x" in hf_rows[0] and "**no**" in hf_rows[0]
-    assert bench.scenario("hf") == (0, "hf") and bench.scenario("20:stderr") == (20, "stderr")
+    assert relay_benchmark.scenario("hf") == (0, "hf") and relay_benchmark.scenario(
+        "20:stderr"
+    ) == (20, "stderr")
 
 
 def measured(steps_per_s: float, seed: int, job_cpu: float | None, relay: float) -> dict:
@@ -149,7 +164,7 @@ def test_the_table_renders_as_the_snapshot(name: str) -> None:
     """The block written into docs/benchmarks.md, byte for byte; regenerate after a deliberate
     change with UPDATE_SNAPSHOTS=1 and review the diff."""
     path = Path(__file__).parent / "snapshots" / name
-    text = bench.render(*SNAPSHOTS[name]) + "\n"
+    text = relay_benchmark_report.render(*SNAPSHOTS[name]) + "\n"
     if os.environ.get("UPDATE_SNAPSHOTS"):
         path.write_text(text)
     assert text == path.read_text(), f"table changed: UPDATE_SNAPSHOTS=1 and review {path}"
