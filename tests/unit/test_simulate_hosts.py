@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from scripts import simulate_hosts
+from scripts.simulate_hosts_job import Network, Plan
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "simulate-hosts.md"
 
@@ -86,3 +87,23 @@ def test_it_needs_root(monkeypatch, capsys):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert simulate_hosts.main(["--hosts", "2"]) == 2
     assert "needs root and unshare" in capsys.readouterr().err
+
+
+def test_the_plan_orders_hosts_by_name_as_the_bootstrap_does():
+    """Master first, the fault on the last host (the master for freeze-master), a failing
+    rank on the middle one; only the host cut off resolves across the veth pair."""
+    kill, relay = Plan(16, "kill"), Plan(16, "relay")
+    assert kill.master == "algo-1" and kill.victim == kill.target == "algo-9"
+    assert relay.target == "algo-2" and Plan(16, "freeze-master").target == "algo-1"
+    assert "10.252.0.2" not in kill.hosts_file()
+    cut = Plan(3, "disconnect")
+    assert cut.hosts_file().splitlines()[1:] == [
+        "127.0.0.1 algo-1",
+        "127.0.0.1 algo-2",
+        f"{Network.THERE} algo-3",
+    ]
+    assert cut.cut_hosts_file().splitlines()[1:] == [
+        f"{Network.HERE} algo-1",
+        f"{Network.HERE} algo-2",
+        f"{Network.THERE} algo-3",
+    ]
