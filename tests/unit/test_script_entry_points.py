@@ -3,6 +3,7 @@ scripts that also run by path (push.py from the buildspec, gpu_benchmark.py on a
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -37,3 +38,23 @@ def test_python_m_runs_the_command_line(name: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("usage: "), done.stdout
+
+
+@pytest.mark.parametrize("how", ["path", "module"])
+def test_push_runs_by_path_as_the_buildspec_runs_it_and_as_a_module(how: str) -> None:
+    """`python scripts/push.py should-push` (its sibling push_policy.py found by path) and
+    `python -m scripts.push should-push` (make): no ref, so not pushed (exit 1)."""
+    start = [str(REPO / "scripts" / "push.py")] if how == "path" else ["-m", "scripts.push"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CODEBUILD_", "RELEASE_"))}
+    if how == "path":
+        env.pop("PYTHONPATH", None)
+    done = subprocess.run(
+        [sys.executable, *start, "should-push"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr == "push: ref '(none)' is neither branch main nor a tag: not pushed\n"
