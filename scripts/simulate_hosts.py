@@ -25,7 +25,7 @@ its bootstrap signalled its launcher to stop; the figure is the slowest of the h
 
 Prints one row per host count: the time to notice each fault, the master's threads and memory
 (RSS) once every host joined, and how long the start took. This module is the command line and
-the table; simulate_hosts_job.py is one job and its fault.
+the table; simulate_hosts_job.py is one job and its fault, simulate_hosts_host.py one host.
 """
 
 from __future__ import annotations
