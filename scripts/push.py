@@ -7,8 +7,8 @@
     python -m scripts.push login-base --base-image <BASE_IMAGE>
     python -m scripts.push should-push   (CodeBuild: exit 0 when this build's ref is pushed)
 
-It imports nothing from this repository, so `python scripts/push.py ...` works as well (the
-buildspec runs it so).
+It imports only its sibling push_policy.py (the decisions; this file does the work), so
+`python scripts/push.py ...` works as well (the buildspec runs it so).
 
 `make push` and `make login-base` call it (see `make help`); the buildspec calls `should-push`.
 
@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import fnmatch
 import json
 import os
 import re
@@ -48,27 +47,20 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
-ECR_HOST = re.compile(
-    r"^(?P<account>\d{12})\.dkr\.ecr(?:-fips)?\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?$"
-)
-TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-REPOSITORY = re.compile(r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
-REGISTRY = re.compile(r"^[A-Za-z0-9.-]+(?::[0-9]{1,5})?$")
+if TYPE_CHECKING or __package__:  # python -m scripts.push (make push), or imported
+    from scripts import push_policy as policy
+    from scripts.push_policy import PushError
+else:  # python scripts/push.py (the buildspec): the sibling file
+    import push_policy as policy
+    from push_policy import PushError
+
 OVERRIDE_VARIABLE = "ECR_REGISTRY_OVERRIDE"
 CREDENTIALS_HINT = (
     "set AWS_PROFILE, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or run with an "
     "instance/task role"
 )
-
-
-class PushError(Exception):
-    """One line for the user; exit status 2. `code`: the AWS error code, if any."""
-
-    def __init__(self, message: str, code: str = "") -> None:
-        super().__init__(message)
-        self.code = code
 
 
 def note(message: str) -> None:
@@ -126,17 +118,6 @@ def repo_digests(image: str) -> list[str]:
     if result.returncode != 0:
         raise PushError(f"docker image inspect {image} failed: {last_line(result.stderr)}")
     return json.loads(result.stdout) or []
-
-
-def pushed_digest(target: str, after: Iterable[str], before: Iterable[str] = ()) -> str:
-    """The digest docker recorded for the repository `target` (RepoDigests `after` the push);
-    where it holds more than one for it, the one the push added to those `before`."""
-    found = [entry for entry in after if entry.rpartition("@")[0] == target]
-    if len(found) > 1:
-        found = sorted(set(found) - set(before))
-    if len(found) != 1:
-        raise PushError(f"cannot tell the digest docker pushed to {target} from {found}")
-    return found[0].rpartition("@")[2]
 
 
 def last_line(text: str) -> str:
@@ -206,32 +187,10 @@ def override_host(host: str, environ: Mapping[str, str]) -> str:
     override = environ.get(OVERRIDE_VARIABLE, "").strip()
     if not override:
         return host
-    if not REGISTRY.match(override):
+    if not policy.REGISTRY.match(override):
         raise PushError(f"{OVERRIDE_VARIABLE}={override!r} is not HOST or HOST:PORT")
     note(f"{OVERRIDE_VARIABLE}: docker talks to {override} instead of {host}")
     return override
-
-
-def tag_is_immutable(repository: Mapping[str, Any], tag: str) -> bool:
-    mutability = repository.get("imageTagMutability", "MUTABLE")
-    filters = [f["filter"] for f in repository.get("imageTagMutabilityExclusionFilters", [])]
-    excluded = any(fnmatch.fnmatchcase(tag, pattern) for pattern in filters)
-    if mutability == "IMMUTABLE":
-        return True
-    if mutability == "IMMUTABLE_WITH_EXCLUSION":
-        return not excluded
-    if mutability == "MUTABLE_WITH_EXCLUSION":
-        return excluded
-    return False
-
-
-def creation_settings(moving_tag: str) -> dict[str, Any]:
-    """Scan on push; every tag immutable except the moving one."""
-    return {
-        "imageScanningConfiguration": {"scanOnPush": True},
-        "imageTagMutability": "IMMUTABLE_WITH_EXCLUSION",
-        "imageTagMutabilityExclusionFilters": [{"filterType": "WILDCARD", "filter": moving_tag}],
-    }
 
 
 def find_repository(ecr: Any, name: str) -> dict[str, Any] | None:
@@ -245,13 +204,13 @@ def find_repository(ecr: Any, name: str) -> dict[str, Any] | None:
 
 
 def create_repository(ecr: Any, name: str, moving_tag: str) -> dict[str, Any] | None:
-    """The new repository (creation_settings()); None if it exists (a concurrent run)."""
+    """The new repository (push_policy.creation_settings); None if it exists (a concurrent run)."""
     created = aws_unless(
         "RepositoryAlreadyExistsException",
         f"creating ECR repository {name}",
         ecr.create_repository,
         repositoryName=name,
-        **creation_settings(moving_tag),
+        **policy.creation_settings(moving_tag),
     )
     return created["repository"] if created else None
 
@@ -294,18 +253,6 @@ def ecr_tag_digest(ecr: Any, repository: Mapping[str, Any], tag: str) -> str | N
 # --------------------------------------------------------------------------- commands
 
 
-def tags_for(version: str, revision: str, moving_tag: str) -> list[str]:
-    if not revision or revision == "unknown":
-        raise PushError("no git revision to tag with (not a git checkout?): set REVISION")
-    tags = []
-    for name, tag in (("revision", revision), ("version", version), ("moving tag", moving_tag)):
-        if not TAG.match(tag or ""):
-            raise PushError(f"{name} {tag!r} is not a valid image tag")
-        if tag not in tags:
-            tags.append(tag)
-    return tags
-
-
 def push(
     *,
     image: str,
@@ -317,10 +264,10 @@ def push(
     environ: Mapping[str, str],
 ) -> str:
     """Tag and push; return <repository>@sha256:<digest>."""
-    tags = tags_for(version, revision, moving_tag)
-    if not REPOSITORY.match(repository):
+    tags = policy.tags_for(version, revision, moving_tag)
+    if not policy.REPOSITORY.match(repository):
         raise PushError(f"repository {repository!r} is not a valid repository name")
-    if registry and not REGISTRY.match(registry):
+    if registry and not policy.REGISTRY.match(registry):
         raise PushError(f"registry {registry!r} is not HOST or HOST:PORT")
     if not image_exists(image):
         raise PushError(f"no local image {image}: build it first (make build IMAGE={image})")
@@ -336,7 +283,7 @@ def push(
         ecr_login(ecr, host_for_docker, f"logging in to ECR registry {host}")
         target = f"{host_for_docker}/{path}"
         for tag in tags:
-            if tag_is_immutable(ecr_repository, tag):
+            if policy.tag_is_immutable(ecr_repository, tag):
                 existing = ecr_tag_digest(ecr, ecr_repository, tag)
                 if existing:
                     keep[tag] = existing
@@ -359,7 +306,7 @@ def push(
             f"nothing pushed: every tag ({', '.join(tags)}) already exists in {target} and is "
             "immutable; bump the version or use a new commit"
         )
-    digest = pushed_digest(target, repo_digests(image), before)
+    digest = policy.pushed_digest(target, repo_digests(image), before)
     note(f"pushed {', '.join(pushed)} -> {digest}")
     return f"{target}@{digest}"
 
@@ -371,36 +318,13 @@ def login_base(base_image: str, environ: Mapping[str, str]) -> None:
         note(f"base {base_image} is on this machine: no registry login needed")
         return
     host = base_image.split("/", 1)[0]
-    match = ECR_HOST.match(host)
+    match = policy.ECR_HOST.match(host)
     if not match:
         note(f"base {base_image} is not in ECR: docker pulls it with your docker credentials")
         return
     host_for_docker = override_host(host, environ)
     what = f"the base image {base_image} needs a login to its ECR registry {host}"
     ecr_login(ecr_client(match["region"]), host_for_docker, what)
-
-
-def should_push(environ: Mapping[str, str]) -> tuple[bool, str]:
-    """CodeBuild: push from the release branch (RELEASE_BRANCH, default main) or a tag.
-
-    Webhook builds name their ref in CODEBUILD_WEBHOOK_TRIGGER (branch/NAME, tag/NAME, pr/N)
-    and CODEBUILD_WEBHOOK_HEAD_REF (refs/heads/NAME, refs/tags/NAME); other builds in
-    CODEBUILD_SOURCE_VERSION (a branch, refs/..., pr/N, or a commit that names no ref).
-    """
-    release = environ.get("RELEASE_BRANCH") or "main"
-    trigger = environ.get("CODEBUILD_WEBHOOK_TRIGGER", "")
-    ref = environ.get("CODEBUILD_WEBHOOK_HEAD_REF") or environ.get("CODEBUILD_SOURCE_VERSION", "")
-    if trigger.startswith("pr/") or ref.startswith("pr/"):
-        return False, f"pull request build ({trigger or ref}): not pushed"
-    if trigger.startswith("tag/") or ref.startswith("refs/tags/"):
-        return True, f"tag build ({trigger or ref}): pushed"
-    if trigger.startswith("branch/"):
-        branch = trigger.removeprefix("branch/")
-    else:
-        branch = ref.removeprefix("refs/heads/")
-    if branch == release:
-        return True, f"branch {release}: pushed"
-    return False, f"ref {ref or '(none)'!r} is neither branch {release} nor a tag: not pushed"
 
 
 # --------------------------------------------------------------------------- main
@@ -445,7 +369,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         elif args.command == "login-base":
             login_base(args.base_image, environ)
         else:
-            decision, reason = should_push(environ)
+            decision, reason = policy.should_push(environ)
             note(reason)
             return 0 if decision else 1
     except PushError as error:

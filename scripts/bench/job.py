@@ -51,19 +51,12 @@ def write(name, data):
     os.replace(path + ".tmp", path)
 
 
-def train(args, rank):
-    """A tiny BERT under the HF Trainer; one `BENCH tick` line per step; steps/s to a file."""
+def dataset(n, seq_len, vocab):
+    """`n` rows of random token ids (seed 0), labelled by their first token."""
     import torch
-    from transformers import (
-        BertConfig,
-        BertForSequenceClassification,
-        Trainer,
-        TrainerCallback,
-        TrainingArguments,
-    )
 
     class Data(torch.utils.data.Dataset):
-        def __init__(self, n, seq_len, vocab):
+        def __init__(self):
             g = torch.Generator().manual_seed(0)
             self.ids = torch.randint(0, vocab, (n, seq_len), generator=g)
             self.labels = (self.ids[:, 0] > vocab // 2).long()
@@ -74,6 +67,13 @@ def train(args, rank):
         def __getitem__(self, i):
             return {"input_ids": self.ids[i], "labels": self.labels[i]}
 
+    return Data()
+
+
+def clock(rank):
+    """A Trainer callback that prints `BENCH tick` at each step end and keeps the times."""
+    from transformers import TrainerCallback
+
     class Clock(TrainerCallback):
         def __init__(self):
             self.times = {}
@@ -82,6 +82,15 @@ def train(args, rank):
             now = time.time()
             self.times[state.global_step] = now
             print(f"BENCH tick rank={rank} seq={state.global_step - 1} t={now:.6f}", flush=True)
+
+    return Clock()
+
+
+def trainer(args, rank):
+    """A tiny BERT under the HF Trainer (DDP when the launcher started more than one rank),
+    and its clock."""
+    import torch
+    from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainingArguments
 
     config = BertConfig(
         vocab_size=512,
@@ -106,13 +115,20 @@ def train(args, rank):
         dataloader_num_workers=0,
         seed=0,
     )
-    clock = Clock()
-    data = Data(args.batch_size * args.train_steps * 8, 32, 512)
-    trainer = Trainer(model=model, args=training_args, train_dataset=data, callbacks=[clock])
-    trainer.train()
-    last = max(clock.times)
+    timer = clock(rank)
+    data = dataset(args.batch_size * args.train_steps * 8, 32, 512)
+    return Trainer(model=model, args=training_args, train_dataset=data, callbacks=[timer]), timer
+
+
+def train(args, rank):
+    """Train; one `BENCH tick` line per step; rank 0 writes steps/s to bench-train.json.
+    Returns the last step (the ticks that follow go on from it)."""
+    hf_trainer, timer = trainer(args, rank)
+    hf_trainer.train()
+    training_args = hf_trainer.args
+    last = max(timer.times)
     first = min(args.warmup, last - 1)
-    rate = (last - first) / (clock.times[last] - clock.times[first])
+    rate = (last - first) / (timer.times[last] - timer.times[first])
     if training_args.process_index == 0:
         write(
             "bench-train.json",

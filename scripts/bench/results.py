@@ -77,7 +77,7 @@ class Run:
 
     def brief(self) -> dict[str, Any]:
         """The fields that say something, without the error text (a progress line)."""
-        empty = (None, "", [], {}, False)
+        empty: tuple[object, ...] = (None, "", [], {}, False)
         return {
             k: v for k, v in dataclasses.asdict(self).items() if k != "error" and v not in empty
         }

@@ -1,5 +1,5 @@
-"""scripts/push.py decisions that need no docker or AWS: which builds push, which tags move,
-which repository is used, which digest is printed."""
+"""scripts/push.py decisions that need no docker or AWS (most in scripts/push_policy.py): which
+builds push, which tags move, which repository is used, which digest is printed."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from scripts import push
+from scripts import push, push_policy
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 
@@ -58,17 +58,17 @@ SHA = "0123456789abcdef0123456789abcdef01234567"
     ],
 )
 def test_push_only_from_the_release_branch_or_a_tag(environ, pushed):
-    decision, reason = push.should_push(environ)
+    decision, reason = push_policy.should_push(environ)
     assert decision is pushed, reason
 
 
 def test_tags_are_revision_version_then_moving():
-    assert push.tags_for("0.1.0", "abc1234", "latest") == ["abc1234", "0.1.0", "latest"]
-    assert push.tags_for("same", "same", "latest") == ["same", "latest"]
-    with pytest.raises(push.PushError, match="no git revision"):
-        push.tags_for("0.1.0", "unknown", "latest")
-    with pytest.raises(push.PushError, match="not a valid image tag"):
-        push.tags_for("0.1.0; rm -rf /", "abc1234", "latest")
+    assert push_policy.tags_for("0.1.0", "abc1234", "latest") == ["abc1234", "0.1.0", "latest"]
+    assert push_policy.tags_for("same", "same", "latest") == ["same", "latest"]
+    with pytest.raises(push_policy.PushError, match="no git revision"):
+        push_policy.tags_for("0.1.0", "unknown", "latest")
+    with pytest.raises(push_policy.PushError, match="not a valid image tag"):
+        push_policy.tags_for("0.1.0; rm -rf /", "abc1234", "latest")
 
 
 @pytest.mark.parametrize(
@@ -88,15 +88,15 @@ def test_which_tags_ecr_keeps(mutability, filters, immutable):
             {"filterType": "WILDCARD", "filter": f} for f in filters
         ],
     }
-    assert {tag: push.tag_is_immutable(repository, tag) for tag in immutable} == immutable
+    assert {tag: push_policy.tag_is_immutable(repository, tag) for tag in immutable} == immutable
 
 
 def test_new_repositories_scan_on_push_and_keep_all_but_the_moving_tag():
-    settings = push.creation_settings("latest")
+    settings = push_policy.creation_settings("latest")
     assert settings["imageScanningConfiguration"] == {"scanOnPush": True}
     repository = {**settings}
-    assert push.tag_is_immutable(repository, "0.1.0")
-    assert not push.tag_is_immutable(repository, "latest")
+    assert push_policy.tag_is_immutable(repository, "0.1.0")
+    assert not push_policy.tag_is_immutable(repository, "latest")
 
 
 def test_registry_override_must_be_a_host():
@@ -117,16 +117,16 @@ DIGEST_A, DIGEST_B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
 def test_the_digest_is_the_one_docker_recorded_for_the_target_repository():
     target = "127.0.0.1:5000/generic/container-entry"
     after = [f"other.example/container-entry@{DIGEST_B}", f"{target}@{DIGEST_A}"]
-    assert push.pushed_digest(target, after) == DIGEST_A
+    assert push_policy.pushed_digest(target, after) == DIGEST_A
     # A repository whose name merely starts with the target's is another repository.
-    assert push.pushed_digest(target, [f"{target}-x@{DIGEST_B}", *after]) == DIGEST_A
+    assert push_policy.pushed_digest(target, [f"{target}-x@{DIGEST_B}", *after]) == DIGEST_A
     # Two digests for the target (an older manifest of the same image): the one this push added.
     both = [f"{target}@{DIGEST_B}", f"{target}@{DIGEST_A}"]
-    assert push.pushed_digest(target, both, before=[f"{target}@{DIGEST_B}"]) == DIGEST_A
-    with pytest.raises(push.PushError, match="cannot tell the digest"):
-        push.pushed_digest(target, both, before=[])
-    with pytest.raises(push.PushError, match="cannot tell the digest"):
-        push.pushed_digest(target, [f"other.example/container-entry@{DIGEST_B}"])
+    assert push_policy.pushed_digest(target, both, before=[f"{target}@{DIGEST_B}"]) == DIGEST_A
+    with pytest.raises(push_policy.PushError, match="cannot tell the digest"):
+        push_policy.pushed_digest(target, both, before=[])
+    with pytest.raises(push_policy.PushError, match="cannot tell the digest"):
+        push_policy.pushed_digest(target, [f"other.example/container-entry@{DIGEST_B}"])
 
 
 class FakeEcr:
@@ -169,7 +169,7 @@ def repository(name: str, mutability: str) -> dict[str, Any]:
 def test_a_missing_repository_is_created_scanned_and_immutable(capsys):
     ecr = FakeEcr({})
     created = push.ensure_repository(ecr, "container-entry", "latest")
-    assert ecr.created == [push.creation_settings("latest")]
+    assert ecr.created == [push_policy.creation_settings("latest")]
     assert created["imageTagMutability"] == "IMMUTABLE_WITH_EXCLUSION"
     assert "created ECR repository container-entry" in capsys.readouterr().err
 

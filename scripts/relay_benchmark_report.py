@@ -1,0 +1,160 @@
+"""The relay benchmark's markdown block (docs/benchmarks.md, between its markers): steps/s of
+ours against bare torchrun with the goals, then where the relay's CPU goes."""
+
+from __future__ import annotations
+
+import statistics
+
+GOALS = {0: 0.98, 1: 0.98, 20: 0.95}  # lines per step (0: the HF job) -> ours / torchrun
+CPU_NOTE = (
+    "CPU over the timed window, from /proc: *relay* is both ranks' wrappers plus the "
+    "bootstrap (its monitor loop, and before this change its stderr pump); *whole job* "
+    "is every process of the run, start-up included (`wait4`; not taken in containers, "
+    "where it would be the docker client's)."
+)
+
+
+def spread(values: list[float], fmt: str = "{:.1f}") -> str:
+    return (
+        f"{fmt.format(statistics.median(values))} "
+        f"({fmt.format(min(values))}-{fmt.format(max(values))})"
+    )
+
+
+def label(lines: int, stream: str, epochs: int) -> str:
+    if stream == "hf":
+        return f"HF Trainer job (tiny BERT, {epochs} epochs, a log line per step)"
+    return f"1, {stream}" if lines <= 1 else f"{1 + lines} (1 + {lines}), {stream}"
+
+
+def ratios(cell: dict, name: str) -> list[float]:
+    """Per-round ratio to bare torchrun of the same round."""
+    pairs = zip(cell[name], cell["torchrun"], strict=True)
+    return [o["steps_per_s"] / b["steps_per_s"] for o, b in pairs]
+
+
+def per_million(runs: list[dict], key: str = "relay_cpu") -> list[float]:
+    return [(r["cpu"][key] if key in r["cpu"] else r[key]) / r["lines"] * 1e6 for r in runs]
+
+
+def spread_or_dash(values: list[float | None], fmt: str = "{:.1f}") -> str:
+    """A spread where every round measured the figure; "-" where it is not taken."""
+    measured = [v for v in values if v is not None]
+    return spread(measured, fmt) if values and len(measured) == len(values) else "-"
+
+
+def steps(runs: list[dict]) -> list[float]:
+    return [r["steps_per_s"] for r in runs]
+
+
+def steps_table(results: dict, epochs: int, before: bool, unbuffered: bool) -> list[str]:
+    """One row per scenario: steps/s of both launchers, their ratio against its goal, and the
+    `before` and `torchrun-u` launchers where they ran."""
+    head = "| lines per step, stream | bare torchrun, steps/s | ours, steps/s | ours / torchrun "
+    head += "| goal | met |"
+    rule = "|---|---|---|---|---|---|"
+    if before:
+        head += " before this change, steps/s | before / torchrun |"
+        rule += "---|---|"
+    if unbuffered:
+        head += " torchrun, workers unbuffered, steps/s | ours / that |"
+        rule += "---|---|"
+    rows = [head, rule]
+    for (lines, stream), cell in results.items():
+        goal = GOALS.get(lines, GOALS[20])
+        ratio = ratios(cell, "ours")
+        met = "yes" if statistics.median(ratio) >= goal else "**no**"
+        row = (
+            f"| {label(lines, stream, epochs)} "
+            f"| {spread(steps(cell['torchrun']))} "
+            f"| {spread(steps(cell['ours']))} "
+            f"| {spread(ratio, '{:.2f}x')} | ≥ {goal:.2f}x | {met} |"
+        )
+        if before:
+            row += (
+                f" {spread(steps(cell['before']))} | {spread(ratios(cell, 'before'), '{:.2f}x')} |"
+            )
+        if unbuffered:
+            pairs = zip(cell["ours"], cell["torchrun-u"], strict=True)
+            row += (
+                f" {spread(steps(cell['torchrun-u']))} "
+                f"| {spread([o['steps_per_s'] / u['steps_per_s'] for o, u in pairs], '{:.2f}x')} |"
+            )
+        rows.append(row)
+    return rows
+
+
+def cpu_table(results: dict, epochs: int, before: bool) -> list[str]:
+    """One row per scenario but the HF job (its lines are the Trainer's own, not counted): the
+    relay's CPU per million lines, ours and `before`'s, and the whole job's CPU."""
+    head = (
+        "| lines per step, stream | relay CPU s per million lines, ours "
+        "| of it: wrappers | of it: bootstrap |"
+    )
+    rule = "|---|---|---|---|"
+    if before:
+        head += " before: relay | of it: wrappers | of it: bootstrap |"
+        rule += "---|---|---|"
+    head += " whole job CPU s: torchrun | ours |"
+    rule += "---|---|"
+    rows = [head, rule]
+    for (lines, stream), cell in results.items():
+        if stream == "hf":
+            continue
+        row = f"| {label(lines, stream, epochs)} "
+        for name in ["ours", "before"] if before else ["ours"]:
+            row += (
+                f"| {spread(per_million(cell[name]))} "
+                f"| {spread(per_million(cell[name], 'wrapper'))} "
+                f"| {spread(per_million(cell[name], 'bootstrap'))} "
+            )
+        row += (
+            f"| {spread_or_dash([r['job_cpu'] for r in cell['torchrun']])} "
+            f"| {spread_or_dash([r['job_cpu'] for r in cell['ours']])} |"
+        )
+        rows.append(row)
+    return rows
+
+
+def summary(meta: dict, epochs: int, before: bool) -> str:
+    """How, where and when the figures were taken."""
+    return (
+        f"Generated by `{meta.get('invocation', 'make bench-relay')}` on {meta['when']}: "
+        f"{meta['cpus']} CPUs, "
+        + (
+            f"in containers of the image `{meta['image']}` (both launchers), "
+            if meta.get("image")
+            else "on the host, "
+        )
+        + f"Python {meta['python']}, torch {meta['torch']}; {meta['rounds']} alternated "
+        f"rounds of {meta['steps']} steps ({meta['steps'] - 100} timed after 100 warm-up "
+        f"steps; the HF Trainer job: {epochs} epochs, its own steps/s), 2 "
+        "workers, gloo, `OMP_NUM_THREADS=1`; each run started once the CPUs were at least "
+        f"{meta['idle']:.0%} idle (median idle share before a run "
+        f"{meta['idle_seen']:.0%}). Cells: median (min-max) over the rounds; a ratio is "
+        "the median of the per-round ratios."
+        + (
+            " *before this change*: the same tree with the previous worker.py and "
+            "launch.py (two pump threads per rank, stderr through the bootstrap)."
+            if before
+            else ""
+        )
+    )
+
+
+def render(results: dict, meta: dict) -> str:
+    """The markdown block: steps/s with the goals, then where the relay's CPU goes."""
+    epochs = meta.get("hf_epochs", 4)  # runs saved before it was recorded had 4
+    before = any("before" in cell for cell in results.values())
+    unbuffered = any("torchrun-u" in cell for cell in results.values())
+    return "\n".join(
+        [
+            summary(meta, epochs, before),
+            "",
+            *steps_table(results, epochs, before, unbuffered),
+            "",
+            CPU_NOTE,
+            "",
+            *cpu_table(results, epochs, before),
+        ]
+    )
