@@ -26,13 +26,13 @@ class CodeError(BootstrapError):
 class NetworkError(BootstrapError):
     """A peer host never became reachable, never joined, or a port is taken."""
 
-    exit_code = ExitCode.NETWORK
+    exit_code: int = ExitCode.NETWORK
 
 
 class DeviceError(BootstrapError):
     """This host's GPUs are not usable as counted (driver, runtime, visibility)."""
 
-    exit_code = ExitCode.DEVICE
+    exit_code: int = ExitCode.DEVICE
 
 
 class StopRequested(BootstrapError):

@@ -1,9 +1,10 @@
 """The hosts' side channel over real loopback sockets (no processes, no torch).
 
 Liveness runs with short timeouts here (LIVENESS seconds of silence); the bootstrap's own are
-in coordination.py (10 s, heartbeats every second). A "killed" host is a raw socket that joins
-and closes, as the kernel does for a process killed with SIGKILL; a "frozen" one is a raw socket
-that joins and then never says anything again (SIGSTOP, a hung machine, a cut network)."""
+in side_channel/liveness.py (10 s, heartbeats every second). A "killed" host is a raw socket
+that joins and closes, as the kernel does for a process killed with SIGKILL; a "frozen" one is
+a raw socket that joins and then never says anything again (SIGSTOP, a hung machine, a cut
+network). The pieces of container_entry.side_channel alone: at the end."""
 
 import contextlib
 import json
@@ -13,16 +14,11 @@ import time
 
 import pytest
 
-from container_entry.coordination import (
-    Coordinator,
-    Member,
-    PeerFailure,
-    join_proof,
-    tune,
-    welcome_proof,
-)
+from container_entry.coordination import Coordinator, Member, PeerFailure
 from container_entry.errors import NetworkError
 from container_entry.records import RankRecord
+from container_entry.side_channel.keys import join_proof, welcome_proof
+from container_entry.side_channel.liveness import tune
 
 LIVENESS = 0.3
 BEAT = 0.05
@@ -720,16 +716,16 @@ def test_a_malformed_message_from_the_master_never_stops_the_member_listening(ca
 
 def test_a_defect_serving_one_connection_touches_no_other(job3, monkeypatch, capsys):
     coordinator, (one, two, three), port = job3
-    from container_entry import coordination
+    from container_entry.side_channel import master
 
-    real = coordination.to_master
+    real = master.to_master
 
     def defective(message):
         if message.get("type") == "join" and message.get("host") == "algo-9":
             raise RuntimeError("a defect of ours")
         return real(message)
 
-    monkeypatch.setattr(coordination, "to_master", defective)
+    monkeypatch.setattr(master, "to_master", defective)
     address, _, cut = attack(port, b'{"type":"join","host":"algo-9"}\n')
     assert cut
     time.sleep(3 * BEAT)
@@ -752,9 +748,9 @@ def test_a_flood_of_strangers_is_logged_a_few_lines_only(job3, capsys):
 
 
 def test_strangers_waiting_to_join_cannot_crowd_out_the_hosts(monkeypatch):
-    from container_entry import coordination
+    from container_entry.side_channel import admission
 
-    monkeypatch.setattr(coordination, "MAX_UNJOINED", 4)
+    monkeypatch.setattr(admission, "MAX_UNJOINED", 4)
     port = free_port()
     coordinator = Coordinator(("algo-1", "algo-2"), port, key=KEY, **FAST)
     strangers = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]
@@ -878,15 +874,15 @@ def test_a_proof_binds_the_key_both_challenges_and_the_whole_join():
     ],
 )
 def test_the_address_check(address, resolved, matches):
-    from container_entry.coordination import address_matches
+    from container_entry.side_channel.addresses import address_matches
 
     assert address_matches(address, resolved) is matches
 
 
 def test_lines_are_found_in_new_data_only_and_none_grows_past_the_limit():
-    from container_entry.coordination import Invalid, _Lines
+    from container_entry.side_channel.wire import Invalid, Lines
 
-    lines = _Lines(16)
+    lines = Lines(16)
     assert lines.feed(b'{"a"') == [] and lines.feed(b':1}\n{"b":2}\n{') == [b'{"a":1}', b'{"b":2}']
     items = lines.feed(b"x" * 40)
     assert len(items) == 1 and isinstance(items[0], Invalid) and not lines.buffer
@@ -895,7 +891,7 @@ def test_lines_are_found_in_new_data_only_and_none_grows_past_the_limit():
     whole = lines.feed(b"z" * 20 + b"\n" + b"{}\n")
     assert isinstance(whole[0], Invalid) and whole[1:] == [b"{}"]
     # a 100 MB line without a newline, in 64 KiB chunks: linear, the buffer stays bounded
-    big = _Lines(64 * 1024)
+    big = Lines(64 * 1024)
     chunk = b"[" * 65536
     started = time.process_time()
     for _ in range(1600):
@@ -915,7 +911,7 @@ def test_lines_are_found_in_new_data_only_and_none_grows_past_the_limit():
     ],
 )
 def test_parse_refuses_what_is_not_one_json_object(line, why):
-    from container_entry.coordination import Invalid, parse
+    from container_entry.side_channel.wire import Invalid, parse
 
     with pytest.raises(Invalid) as caught:
         parse(line)
@@ -961,7 +957,8 @@ def test_parse_refuses_what_is_not_one_json_object(line, why):
     ],
 )
 def test_every_message_to_the_master_is_checked_against_its_schema(message, why):
-    from container_entry.coordination import Invalid, to_master
+    from container_entry.side_channel.messages import to_master
+    from container_entry.side_channel.wire import Invalid
 
     with pytest.raises(Invalid) as caught:
         to_master(message)
@@ -969,7 +966,9 @@ def test_every_message_to_the_master_is_checked_against_its_schema(message, why)
 
 
 def test_a_failure_of_this_host_always_fits_the_schema():
-    from container_entry.coordination import LINE_LIMIT, failure_record, fitted, to_master
+    from container_entry.side_channel.messages import to_master
+    from container_entry.side_channel.schema import failure_record, fitted
+    from container_entry.side_channel.wire import LINE_LIMIT
 
     record = RankRecord(
         host="algo-2",
@@ -1114,3 +1113,91 @@ def test_without_a_measured_clock_arrival_decides_and_a_consequence_is_not_poste
     for host in (one, two):
         host.close()
     coordinator.close()
+
+
+# -- each piece alone (container_entry.side_channel) ------------------------------------------
+
+
+def test_message_kinds_are_their_wire_strings_and_each_direction_checks_its_own():
+    from container_entry.side_channel.messages import to_master, to_member
+    from container_entry.side_channel.wire import Invalid, Kind, encode
+
+    assert encode({"type": Kind.HELLO, "version": 1}) == b'{"type": "hello", "version": 1}\n'
+    assert {k.value for k in Kind} == {
+        *("hello", "join", "welcome", "refused", "start", "beat", "failed", "abort", "first"),
+        "done",
+    }
+    beat = to_master({"type": "beat", "idle": 3, "time": None})
+    assert beat == {"type": "beat", "idle": 3.0, "time": None} and beat["type"] is Kind.BEAT
+    assert to_member({"type": "beat"}) == {"type": "beat"}
+    for kind in ("hello", "welcome", "start", "abort", "first"):
+        with pytest.raises(Invalid, match=f"unknown message type '{kind}'"):
+            to_master({"type": kind})
+    for kind in ("join", "failed", "done"):
+        with pytest.raises(Invalid, match=f"unknown message type '{kind}'"):
+            to_member({"type": kind})
+
+
+def test_the_handshake_halves_agree_only_on_the_same_key():
+    from container_entry.side_channel.handshake import MemberHandshake, Refusal, hello, proven
+    from container_entry.side_channel.handshake import welcome as welcome_of
+
+    nonce = "cd" * 32
+    member = MemberHandshake(KEY, "algo-2", "boot", 4, "algo-1", 29501)
+    join = member.answer(hello(nonce))
+    assert join["host"] == "algo-2" and member.answered and not member.trusted
+    assert proven(KEY, nonce, join) and not proven(b"other", nonce, join)
+    assert not proven(KEY, "ef" * 32, join)  # another connection's challenge
+    with pytest.raises(Refusal, match="its proof is wrong"):
+        member.check(welcome_of(b"other", nonce, join["nonce"], "algo-2"))
+    member.check(welcome_of(KEY, nonce, join["nonce"], "algo-2"))
+    assert member.trusted
+    newer = MemberHandshake(KEY, "algo-2", None, 1, "algo-1", 29501)
+    with pytest.raises(Refusal, match="speaks protocol 2, this host 1"):
+        newer.answer({**hello(nonce), "version": 2})
+    assert not newer.answered
+    refusal = newer.refused({"type": "refused", "reason": "bad proof\n[x]"})
+    assert str(refusal).startswith(
+        "the master host algo-1 refused this host (bad proof?[x]): every"
+    )
+
+
+def test_the_first_failure_is_the_earliest_only_where_both_clocks_are_known():
+    from container_entry.side_channel.decision import CLOCK_TOLERANCE, Change, FirstFailure
+
+    decision = FirstFailure()
+    later, earlier = {"rank": 3, "ended_at": 100.0}, {"rank": 0, "ended_at": 99.9}
+    assert decision.offer(later, 0.0) is Change.FIRST and decision.failure is later
+    assert decision.offer(earlier, None) is Change.NONE  # its host's clock not measured yet
+    assert decision.offer(earlier, CLOCK_TOLERANCE + 1) is Change.NONE  # too far off to tell
+    assert decision.offer(earlier, 0.2) is Change.NONE  # 99.9 + 0.2 is after 100.0
+    assert decision.offer(earlier, 0.05) is Change.EARLIER and decision.failure is earlier
+    assert decision.offer({"rank": 1}, 0.0) is Change.NONE  # no end time: arrival stands
+
+
+def test_the_master_s_watch_names_the_silent_and_declares_a_hang_only_when_all_are_idle():
+    from container_entry.side_channel.liveness import Liveness
+    from container_entry.side_channel.peer import Peer
+    from container_entry.side_channel.roster import Roster
+
+    sockets = [socket.socket() for _ in range(2)]
+    one, two = (Peer(s, ("10.0.0.1", 1000 + i), 0.0) for i, s in enumerate(sockets))
+    one.host, two.host = "algo-1", "algo-2"
+    watch = Liveness(timeout=10.0, hang_timeout=60.0, hosts=2)
+    assert watch.silent(one, 10.0) is None and watch.silent(one, 10.5) == "no heartbeat for 10 s"
+    watch.heard(one, {"type": "beat", "idle": 61.0, "time": time.time() + 3})
+    watch.heard(one, {"type": "beat", "idle": 61.0, "time": time.time() + 1})
+    assert one.skew is not None and -3.5 < one.skew < -2.5  # the smallest skew seen
+    assert watch.hung([one, two]) is None  # algo-2 still preparing (no idle time yet)
+    two.said_done = True  # done: no evidence either way
+    hung = watch.hung([one, two])
+    assert hung is not None and hung.returncode == 124 and hung.rank is None
+    assert hung.what == "hung: no output from any rank on any host for 60 s"
+    assert Liveness(10.0, 0.0, 2).hung([one]) is None  # no watchdog
+    roster = Roster(("algo-1", "algo-2"))
+    assert not roster.join(one) and roster.join(two) and roster.missing() == []
+    assert not roster.leave(two, "closed", failed=False)  # said done: no news
+    assert roster.leave(one, "closed", failed=False) and roster.vanished == {"algo-1": "closed"}
+    assert roster.unfinished() == set() and roster.all_finished()
+    for sock in sockets:
+        sock.close()
