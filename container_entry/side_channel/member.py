@@ -45,9 +45,7 @@ class PeerFailure(NetworkError):
     """Another host failed, or the master gave up, before this host started any worker. It
     exits with the failed host's code."""
 
-    # the relayed failure's code, any int. The ignore goes once errors.NetworkError declares
-    # `exit_code: int` as BootstrapError does (its bare override narrowed it to ExitCode)
-    exit_code: int
+    exit_code: int  # the relayed failure's code, any int
 
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
