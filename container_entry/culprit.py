@@ -259,10 +259,9 @@ def local_ranks(run_dir: RunDir, host: str) -> list[Rank]:
     return found
 
 
-def explained(what: str, ranks: Sequence[Rank]) -> str:
-    """The hang verdict's first line with its culprit, where the records name one:
-    'hung: rank 3 on algo-2 never entered all_reduce #1042 ...; no output from any rank ...'."""
-    culprit = analyse(ranks)
+def explained(what: str, culprit: str | None) -> str:
+    """The hang verdict's first line with its culprit, where the records named one:
+    'hung: rank 3 on algo-2 never entered all_reduce #1042 ... (no output from any rank ...)'."""
     if not culprit:
         return what
     silence = what.removeprefix("hung: ")

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from container_entry import network, user_code
+from container_entry import culprit, network, user_code
 from container_entry.coordination import (
     JOIN_VERDICT_GRACE,
     Coordinator,
@@ -41,6 +42,8 @@ from container_entry.torchrun_process import Prestarted, child_environment
 # for the master's word on which failure was the job's first: it answers a post within a round
 # trip, and this host's own teardown took longer than that already
 FIRST_FAILURE_WAIT = 2.0
+# for the master's culprit of a hang: it waits up to gathering.GATHER_SECONDS for every host
+CULPRIT_WAIT = 12.0
 
 
 def resolve(cli_args: Sequence[str], environ: Mapping[str, str] | None = None) -> Plan:
@@ -242,6 +245,7 @@ class Job:
         supervisor = self.supervisor()
         ending = supervisor.before_launch() or supervisor.monitor(supervisor.launch())
         ending = self._agree_on_first_failure(ending, supervisor.observed)
+        ending = self._explain_hang(ending)
         return self.report(outcome, ending, supervisor.observed)
 
     def supervisor(self) -> Supervisor:
@@ -296,6 +300,21 @@ class Job:
             return ending
         mine = first.host == self.plan.topology.current_host and first.rank in run.results
         return Ending(Kind.FAILED if mine else Kind.PEER_FAILED, first)
+
+    def _explain_hang(self, ending: Ending) -> Ending:
+        """A hang's first line names its culprit where the ranks' collective records show one:
+        this host's records alone, or every host's as the master lined them up."""
+        if ending.kind is not Kind.HUNG or ending.record is None:
+            return ending
+        if self.member is None:
+            ranks = culprit.local_ranks(self.run_dir, self.plan.topology.current_host)
+            found = culprit.analyse(ranks)
+        elif self.member.lost_master:
+            return ending
+        else:
+            found = self.member.hang_culprit(CULPRIT_WAIT)
+        what = culprit.explained(ending.record.what or "hung", found)
+        return Ending(Kind.HUNG, replace(ending.record, what=what))
 
     def post_failure(self, what: str, exit_code: int) -> None:
         """Tell the other hosts why this one cannot go on: a bootstrap error, or the final

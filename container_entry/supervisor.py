@@ -138,11 +138,6 @@ class Supervisor:
         if self.ending is None:  # torchrun exited on its own: its restarts are over
             self.ending = decide(self.seen(exited=True))
         assert self.ending is not None  # decide always names an ending once torchrun exited
-        if self.ending.kind is Kind.HUNG and self.member is None and self.ending.record:
-            # one host: every rank's records are here (several: the master gathers them)
-            ranks = culprit.local_ranks(self.run_dir, self.plan.topology.current_host)
-            what = culprit.explained(self.ending.record.what or "hung", ranks)
-            self.ending = Ending(Kind.HUNG, replace(self.ending.record, what=what))
         return self.ending
 
     def look(self, now: float, *, always: bool = False) -> None:
@@ -204,7 +199,7 @@ class Supervisor:
         if ending.kind is Kind.HUNG:
             assert record is not None
             message = f"{record.what}: recording stacks, stopping this host's workers"
-            return Hanging(*parts, grace, message, self.control, self.run_dir)
+            return Hanging(*parts, grace, message, self.control, self.run_dir, self._sharer())
         if ending.kind is Kind.FAILED:
             assert record is not None
             record = self._with_gpu_memory(record)
@@ -237,6 +232,15 @@ class Supervisor:
         line = gpu_memory.report(gpu, self.plan.topology.current_host, record.rank, found)
         words_now = words(record, self.plan.max_restarts)
         return replace(record, summary=f"{words_now}; {line}")
+
+    def _sharer(self) -> Callable[[], None] | None:
+        """Several hosts: this host's ranks' records to the master, which lines up every
+        host's for the hang's culprit (one host analyses its own: job.py)."""
+        member = self.member
+        if member is None:
+            return None
+        host = self.plan.topology.current_host
+        return lambda: member.post_records(culprit.local_ranks(self.run_dir, host))
 
     def _teller(self, record: RankRecord) -> Callable[[], None] | None:
         member = self.member

@@ -101,10 +101,12 @@ class Hanging(Winding):
         message: str,
         control: ControlDir,
         run_dir: RunDir,
+        share: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(process, workers, observed, grace, message)
         self.control = control
         self.run_dir = run_dir
+        self.share = share  # the records to the master, for the culprit across hosts
 
     def record(self) -> None:
         """Where every rank is stuck, before any is stopped: Python stacks (faulthandler dumps
@@ -112,6 +114,8 @@ class Hanging(Winding):
         records (NCCL's and gloo's), awaited until complete (bounded)."""
         self.workers.capture_stacks(wait=1.0)
         flight_recorder.collect(self.control, self.run_dir, self.workers.refresh())
+        if self.share is not None:
+            self.share()
 
 
 class Stopping(Teardown):

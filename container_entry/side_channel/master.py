@@ -16,6 +16,7 @@ from container_entry.logs import log
 from container_entry.records import RankRecord
 from container_entry.side_channel import admission
 from container_entry.side_channel.decision import Change, FirstFailure
+from container_entry.side_channel.gathering import Gathering
 from container_entry.side_channel.hub import ACCEPT, WAKE, Hub
 from container_entry.side_channel.liveness import (
     HEARTBEAT_INTERVAL,
@@ -26,6 +27,7 @@ from container_entry.side_channel.liveness import (
 from container_entry.side_channel.messages import (
     WAITING_NAMES,
     Abort,
+    Culprit,
     First,
     MasterBeat,
     Start,
@@ -64,6 +66,7 @@ class Coordinator:
         self.quota = Quota()
         self.liveness = Liveness(liveness_timeout, hang_timeout, len(self.roster.hosts))
         self.decision = FirstFailure()
+        self.gathering = Gathering()
         backlog = len(self.roster.hosts) + admission.MAX_UNJOINED
         self.hub = Hub(port, backlog, liveness_timeout, self._gone)
         self.admission = admission.Admission(
@@ -228,6 +231,11 @@ class Coordinator:
                 return
             peer.said_done = True
             self.roster.finish(peer)
+        elif message["type"] == Kind.RECORDS:
+            for rank in message["ranks"]:
+                rank.host = peer.host or "?"  # a host speaks for itself only
+            self.gathering.offer(peer.host or "?", message["ranks"], time.monotonic())
+            self._culprit_if_due()
 
     def _admitted(self, peer: Peer) -> None:
         """A host joined (its welcome sent): tell it of a failure already decided, or tell
@@ -266,6 +274,7 @@ class Coordinator:
                 self._tend(peer, now, *beats)
             except Exception as error:
                 self._defect(peer, error)
+        self._culprit_if_due()
         if self.decision.failure is None:
             hung = self.liveness.hung(self.roster.open_peers())
             if hung is not None:
@@ -284,6 +293,15 @@ class Coordinator:
         else:  # proven, its address still being checked: only that we are here
             self.hub.queue(peer, plain)
             self.admission.recheck(peer, now)
+
+    def _culprit_if_due(self) -> None:
+        """Every host's records lined up, once all sent theirs or the wait is over."""
+        hosts = [p.host for p in self.roster.open_peers() if p.host]
+        if not self.gathering.due(hosts, time.monotonic()):
+            return
+        what = self.gathering.verdict()
+        for peer in self.roster.open_peers():
+            self.hub.send(peer, Culprit(type=Kind.CULPRIT, what=what))
 
     # -- endings and failures ---------------------------------------------------------------
     def _drop(self, peer: Peer) -> None:

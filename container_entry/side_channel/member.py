@@ -12,13 +12,15 @@ import re
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from container_entry.culprit import Rank
 from container_entry.errors import NetworkError
 from container_entry.logs import log
 from container_entry.network import backoff
 from container_entry.records import RankRecord
+from container_entry.side_channel.gathering import fitted as fitted_records
 from container_entry.side_channel.handshake import MemberHandshake, Refusal
 from container_entry.side_channel.liveness import (
     HEARTBEAT_INTERVAL,
@@ -85,6 +87,8 @@ class Member:
         self.aborted_at: float | None = None  # when it arrived (this host's clock)
         self.first: RankRecord | None = None  # the job's first failure, as the master decided
         self.decided = threading.Event()
+        self.culprit: str | None = None  # a hang's culprit, from every host's records
+        self.explained = threading.Event()
         self.lost_master = False  # the master's bootstrap went away before we finished
         self.lost_reason: str | None = None  # how: "no heartbeat for 10 s", "closed", ...
         self.aborted = threading.Event()  # either of the two
@@ -241,6 +245,9 @@ class Member:
         elif message["type"] == Kind.FIRST:
             self.first = RankRecord.from_json(message["failure"])
             self.decided.set()
+        elif message["type"] == Kind.CULPRIT:
+            self.culprit = message["what"]
+            self.explained.set()
         elif message["type"] == Kind.BEAT and "waiting" in message:
             self.waiting_for = list(message["waiting"] or [])
             self.waiting_count = int(message.get("waiting_count") or 0)
@@ -294,6 +301,16 @@ class Member:
         word (it answers every post within a round trip)."""
         self.decided.wait(timeout)
         return self.first
+
+    def post_records(self, ranks: Sequence[Rank]) -> None:
+        """This host's ranks' collective records, for the master's culprit (gathering.py)."""
+        self._send({"type": Kind.RECORDS, "ranks": fitted_records(ranks)})  # as on the wire
+
+    def hang_culprit(self, timeout: float) -> str | None:
+        """The culprit as the master found it in every host's records; None: it named no one,
+        or said nothing within `timeout`."""
+        self.explained.wait(timeout)
+        return self.culprit
 
     def done(self) -> None:
         self.finished = True

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
 
+from container_entry.culprit import Rank
+from container_entry.side_channel.gathering import from_wire
 from container_entry.side_channel.schema import (
     NAME_CAP,
+    TEXT_CAP,
     Relayed,
     failure_record,
     fields,
@@ -84,8 +87,18 @@ class Done(TypedDict):
     host: str | None
 
 
-ToMaster = Join | MemberBeat | Failed | Done
-ToMember = Hello | Welcome | Refused | Start | Abort | First | MasterBeat
+class Records(TypedDict):
+    type: Literal[Kind.RECORDS]
+    ranks: list[Rank]  # checked by gathering.from_wire; its host is the sender's
+
+
+class Culprit(TypedDict):
+    type: Literal[Kind.CULPRIT]
+    what: str | None  # the culprit in words; None: the records name no one
+
+
+ToMaster = Join | MemberBeat | Failed | Done | Records
+ToMember = Hello | Welcome | Refused | Start | Abort | First | MasterBeat | Culprit
 
 
 def to_master(message: dict[str, Any]) -> ToMaster:
@@ -112,6 +125,9 @@ def to_master(message: dict[str, Any]) -> ToMaster:
     if kind == Kind.DONE:
         fields(message, (), ("host",))
         return Done(type=Kind.DONE, host=text(message.get("host"), "done host", NAME_CAP))
+    if kind == Kind.RECORDS:
+        fields(message, ("ranks",))
+        return Records(type=Kind.RECORDS, ranks=from_wire(message["ranks"], "?"))
     raise Invalid(f"unknown message type {str(kind)[:40]!r}")
 
 
@@ -141,6 +157,9 @@ def to_member(message: dict[str, Any]) -> ToMember:
     if kind == Kind.BEAT:
         fields(message, (), ("waiting", "waiting_count"))
         return _master_beat(message)
+    if kind == Kind.CULPRIT:
+        fields(message, ("what",))
+        return Culprit(type=Kind.CULPRIT, what=text(message["what"], "culprit", TEXT_CAP))
     raise Invalid(f"unknown message type {str(kind)[:40]!r}")
 
 

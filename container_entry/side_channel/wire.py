@@ -29,6 +29,8 @@ class Kind(enum.StrEnum):
     ABORT = "abort"  # master -> every host but the poster: the job failed, stop now
     FIRST = "first"  # master -> every host: the job's first failure as decided (may change)
     DONE = "done"  # member -> master: this host finished
+    RECORDS = "records"  # member -> master: after a hang, its ranks' collective records
+    CULPRIT = "culprit"  # master -> every host: the hang's culprit, from every host's records
 
 
 class Invalid(ValueError):
