@@ -1125,15 +1125,15 @@ def test_message_kinds_are_their_wire_strings_and_each_direction_checks_its_own(
     assert encode({"type": Kind.HELLO, "version": 1}) == b'{"type": "hello", "version": 1}\n'
     assert {k.value for k in Kind} == {
         *("hello", "join", "welcome", "refused", "start", "beat", "failed", "abort", "first"),
-        "done",
+        *("done", "records", "culprit"),
     }
     beat = to_master({"type": "beat", "idle": 3, "time": None})
     assert beat == {"type": "beat", "idle": 3.0, "time": None} and beat["type"] is Kind.BEAT
     assert to_member({"type": "beat"}) == {"type": "beat"}
-    for kind in ("hello", "welcome", "start", "abort", "first"):
+    for kind in ("hello", "welcome", "start", "abort", "first", "culprit"):
         with pytest.raises(Invalid, match=f"unknown message type '{kind}'"):
             to_master({"type": kind})
-    for kind in ("join", "failed", "done"):
+    for kind in ("join", "failed", "done", "records"):
         with pytest.raises(Invalid, match=f"unknown message type '{kind}'"):
             to_member({"type": kind})
 
