@@ -1,5 +1,6 @@
 """Defaults for the workers' environment: interconnect (NCCL, EFA), threads, NCCL diagnostics,
-and the warnings about shared memory. Pure: every input is a fact the environment read.
+and the warning about shared memory (its text: container_entry.shm). Pure: every input is a
+fact the environment read.
 
 Every value here is only a default: the plan drops any variable the user already set (or one
 of its aliases: `ALIASES`), and shows each one it adds with its reason. What decides each value,
@@ -12,6 +13,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from container_entry import shm
 from container_entry.cluster import Topology
 
 # What an unmodified HF Trainer / Accelerate script needs to run as DDP on a host with no GPU
@@ -40,9 +42,6 @@ FR_NAMES_SINCE = (2, 9)
 # - dump on a collective timeout: on by default since pytorch PR 143446 (Dec 2024).
 DUMP_ON_TIMEOUT_DEFAULT_ON = (2, 7)
 
-# /dev/shm below this draws a warning: docs/gpu.md, "Shared memory".
-SHM_MIN_BYTES = 1 << 30
-
 # EFA presets by software version (aws-samples/awsome-distributed-training,
 # 1.architectures/efa-cheatsheet.md): instances whose EFA does GPUDirect RDMA, for which the
 # old presets set FI_EFA_USE_DEVICE_RDMA=1.
@@ -63,22 +62,6 @@ def version_tuple(text: str | None) -> tuple[int, int, int] | None:
     if not match:
         return None
     return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
-
-
-def _mib(size: int) -> str:
-    return f"{size / (1 << 30):.1f} GiB" if size >= 1 << 30 else f"{size // (1 << 20)} MiB"
-
-
-def shm_warning(shm_bytes: int | None) -> str | None:
-    """One line naming the size of /dev/shm and the fix, when it is too small."""
-    if shm_bytes is None or shm_bytes >= SHM_MIN_BYTES:
-        return None
-    return (
-        f"/dev/shm is {_mib(shm_bytes)}, below {_mib(SHM_MIN_BYTES)}: NCCL (between the GPUs of "
-        "one host) and DataLoader workers keep data there and die with 'Bus error' or 'No "
-        "space left on device' when it fills; start the container with --shm-size=1g (or more) "
-        "or --ipc=host"
-    )
 
 
 def threads(
@@ -265,9 +248,9 @@ def worker_env(
         for name, value in CPU_DDP_ENV.items():
             env[name] = (value, "no GPU: HF Trainer/Accelerate run DDP on gloo")
     env.update(flight_recorder(torch_version, run_dir, gpu=bool(gpu_count)))
-    shm = shm_warning(shm_bytes)
-    if shm:
-        warnings.append(shm)
+    small = shm.warning(shm_bytes)
+    if small:
+        warnings.append(small)
     aliases: set[str] = set()
     for name in list(env):
         theirs = [a for a in ALIASES.get(name, ()) if a != name and a in environ]
