@@ -14,12 +14,12 @@ module with no arguments; the worker reads the script's command line from a file
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from container_entry.cluster import Topology
 from container_entry.errors import ConfigError
+from container_entry.worker_defaults import version_tuple
 
 MODULE = "torch.distributed.run"
 WORKER_MODULE = "container_entry.worker"
@@ -43,7 +43,6 @@ FLAG_SINCE: Mapping[str, tuple[int, int]] = {
     # torch's own SIGTERM -> SIGKILL delay for workers; before it, a fixed 30 s
     "shutdown-timeout": (2, 12),
 }
-_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
 
 
 @dataclass(frozen=True)
@@ -54,10 +53,10 @@ class Torchrun:
 
     @property
     def release(self) -> tuple[int, int]:
-        match = _VERSION.match(self.version)
-        if not match:
+        release = version_tuple(self.version)
+        if release is None:
             raise ConfigError(f"torch version {self.version!r} is not a release number")
-        return int(match.group(1)), int(match.group(2))
+        return release[:2]
 
     def has(self, flag: str) -> bool:
         return self.release >= FLAG_SINCE[flag]

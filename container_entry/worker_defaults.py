@@ -57,7 +57,8 @@ class Defaults:
 
 
 def version_tuple(text: str | None) -> tuple[int, int, int] | None:
-    """(1, 13, 2) from '1.13.2-aws', '1.22.0amzn4.0', '2.9.0+cu130'; None if not a version."""
+    """(1, 13, 2) from '1.13.2-aws', '1.22.0amzn4.0', '2.9.0+cu130'; None if not a version.
+    The one parse of a version: torch's (torchrun.Torchrun), the EFA software's, the kernel's."""
     match = _VERSION.search(text or "")
     if not match:
         return None
