@@ -49,9 +49,12 @@ _RDMA_FAMILIES = re.compile(r"^(ml\.)?p[456]")
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 
 
+Env = tuple[str, str]  # (value, reason)
+
+
 @dataclass(frozen=True)
 class Defaults:
-    env: dict[str, tuple[str, str]]  # name -> (value, reason)
+    env: dict[str, Env]  # name -> (value, reason)
     user_aliases: tuple[str, ...] = ()  # a user's variable that stood in for one of ours
     warnings: tuple[str, ...] = field(default=())
 
@@ -95,9 +98,7 @@ def threads(
     )
 
 
-def flight_recorder(
-    torch_version: str | None, run_dir: str, gpu: bool = True
-) -> dict[str, tuple[str, str]]:
+def flight_recorder(torch_version: str | None, run_dir: str, gpu: bool = True) -> dict[str, Env]:
     """Only the flight-recorder variables that change something in this torch, under the one
     name it reads without a deprecation warning (torch 2.11 warns at every process group's start
     about each legacy TORCH_NCCL_* name it finds). The recorder holds each rank's collectives
@@ -110,7 +111,7 @@ def flight_recorder(
     short = release[:2]
     label = f"torch {release[0]}.{release[1]}"
     modern = short >= FR_NAMES_SINCE
-    env: dict[str, tuple[str, str]] = {}
+    env: dict[str, Env] = {}
     if short < FR_BUFFER_DEFAULT_ON and (gpu or modern):
         name = "TORCH_FR_BUFFER_SIZE" if modern else "TORCH_NCCL_TRACE_BUFFER_SIZE"
         env[name] = (
@@ -141,10 +142,10 @@ def efa_preset(
     libfabric_version: str | None,
     kernel_release: str | None,
     instance_type: str | None,
-) -> tuple[dict[str, tuple[str, str]], list[str]]:
+) -> tuple[dict[str, Env], list[str]]:
     """The EFA cheatsheet's preset for the plugin and libfabric in this image; never
     RDMAV_FORK_SAFE (the cheatsheet: do not use, it breaks things on newer kernels)."""
-    env: dict[str, tuple[str, str]] = {}
+    env: dict[str, Env] = {}
     warnings: list[str] = []
     if not efa_devices:
         return env, warnings
@@ -184,6 +185,54 @@ def efa_preset(
     return env, warnings
 
 
+def _interface_env(topology: Topology, interfaces: tuple[str, ...] | None) -> dict[str, Env]:
+    """The interface resourceconfig.json names, for NCCL and gloo, where this host has it."""
+    interface = topology.network_interface
+    if not interface or (interfaces is not None and interface not in interfaces):
+        # SDK v3 local mode names 'ethwe', which its containers lack; NCCL and gloo would fail
+        # on it, so they are left to pick the interface themselves
+        return {}
+    reason = "interface named by resourceconfig.json"
+    return {name: (interface, reason) for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")}
+
+
+def _nccl_env(current_host: str, nccl_conf: Mapping[str, str] | None) -> dict[str, Env]:
+    """NCCL's host identity and log level on a GPU host."""
+    file_level = (nccl_conf or {}).get("NCCL_DEBUG")
+    return {
+        "NCCL_HOSTID": (
+            current_host,
+            "host identity for NCCL: ranks on different hosts are never taken for one host "
+            "(replaces the DLC's LD_PRELOAD gethostname shim)",
+        ),
+        "NCCL_DEBUG": (
+            "WARN",
+            "NCCL warnings only"
+            + (
+                f", instead of NCCL_DEBUG={file_level} from /etc/nccl.conf (NCCL reads the file "
+                "only for variables not in the environment)"
+                if file_level and file_level.upper() != "WARN"
+                else " (as the incumbent sets it)"
+            ),
+        ),
+    }
+
+
+def _without_aliases(
+    env: dict[str, Env], environ: Mapping[str, str]
+) -> tuple[dict[str, Env], tuple[str, ...]]:
+    """`env` less each variable the user set under another of torch's names for it (`ALIASES`),
+    and those names of theirs, sorted."""
+    aliases: set[str] = set()
+    kept = dict(env)
+    for name in env:
+        theirs = [a for a in ALIASES.get(name, ()) if a != name and a in environ]
+        if theirs and name not in environ:
+            del kept[name]
+            aliases.update(theirs)
+    return kept, tuple(sorted(aliases))
+
+
 def worker_env(
     *,
     topology: Topology,
@@ -204,15 +253,8 @@ def worker_env(
 ) -> Defaults:
     """The workers' defaults: name -> (value, reason), the user's aliases that replaced one,
     and warnings for the plan."""
-    environ = environ or {}
-    env: dict[str, tuple[str, str]] = {}
+    env = _interface_env(topology, interfaces)
     warnings: list[str] = []
-    interface = topology.network_interface
-    if interface and (interfaces is None or interface in interfaces):
-        for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
-            env[name] = (interface, "interface named by resourceconfig.json")
-    # else: SDK v3 local mode names 'ethwe', which its containers lack; NCCL and gloo would
-    # fail on it, so they are left to pick the interface themselves
     env["OMP_NUM_THREADS"] = threads(
         gpu_count=gpu_count,
         cpu_count=cpu_count,
@@ -220,22 +262,7 @@ def worker_env(
         workers=workers_per_host,
     )
     if gpu_count:
-        env["NCCL_HOSTID"] = (
-            topology.current_host,
-            "host identity for NCCL: ranks on different hosts are never taken for one host "
-            "(replaces the DLC's LD_PRELOAD gethostname shim)",
-        )
-        file_level = (nccl_conf or {}).get("NCCL_DEBUG")
-        env["NCCL_DEBUG"] = (
-            "WARN",
-            "NCCL warnings only"
-            + (
-                f", instead of NCCL_DEBUG={file_level} from /etc/nccl.conf (NCCL reads the file "
-                "only for variables not in the environment)"
-                if file_level and file_level.upper() != "WARN"
-                else " (as the incumbent sets it)"
-            ),
-        )
+        env.update(_nccl_env(topology.current_host, nccl_conf))
         preset, efa_warnings = efa_preset(
             efa_devices=efa_devices,
             ofi_nccl_version=ofi_nccl_version,
@@ -252,10 +279,5 @@ def worker_env(
     small = shm.warning(shm_bytes)
     if small:
         warnings.append(small)
-    aliases: set[str] = set()
-    for name in list(env):
-        theirs = [a for a in ALIASES.get(name, ()) if a != name and a in environ]
-        if theirs and name not in environ:
-            del env[name]
-            aliases.update(theirs)
-    return Defaults(env, tuple(sorted(aliases)), tuple(warnings))
+    env, aliases = _without_aliases(env, environ or {})
+    return Defaults(env, aliases, tuple(warnings))
