@@ -320,3 +320,18 @@ class Masker:
 
 def _longest_first(form: _T) -> tuple[int, _T]:
     return -len(form), form
+
+
+def argv_pairs(args: Sequence[str]) -> list[tuple[str, str]]:
+    """(name, value) for `--name value` and `--name=value` in a command line, so a credential
+    passed as an argument (`train train.py --hf_token ...`) is masked like a hyperparameter."""
+    pairs = []
+    for index, arg in enumerate(args):
+        if not arg.startswith("-"):
+            continue
+        name, equals, value = arg.lstrip("-").partition("=")
+        if equals:
+            pairs.append((name, value))
+        elif index + 1 < len(args):
+            pairs.append((name, args[index + 1]))
+    return pairs

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from container_entry import shm
 from container_entry.cluster import Topology
+from container_entry.layout import RunDir
 
 # What an unmodified HF Trainer / Accelerate script needs to run as DDP on a host with no GPU
 # (docs/cpu-ddp.md): transformers passes cpu=True to accelerate's PartialState only then, and
@@ -98,13 +99,15 @@ def threads(
     )
 
 
-def flight_recorder(torch_version: str | None, run_dir: str, gpu: bool = True) -> dict[str, Env]:
+def flight_recorder(
+    torch_version: str | None, trace_prefix: str, gpu: bool = True
+) -> dict[str, Env]:
     """Only the flight-recorder variables that change something in this torch, under the one
     name it reads without a deprecation warning (torch 2.11 warns at every process group's start
     about each legacy TORCH_NCCL_* name it finds). The recorder holds each rank's collectives
     for the hang report (flight_recorder.py asks every rank for them); torch 2.9+ records gloo's
     too, so CPU hosts get the ring buffer; the dump torch writes by itself on a collective
-    timeout is NCCL's only."""
+    timeout is NCCL's only, written to `<trace_prefix><rank>` (RunDir.nccl_trace_prefix)."""
     release = version_tuple(torch_version)
     if release is None:
         return {}
@@ -128,7 +131,7 @@ def flight_recorder(torch_version: str | None, run_dir: str, gpu: bool = True) -
         )
     name = "TORCH_FR_DUMP_TEMP_FILE" if modern else "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
     env[name] = (
-        f"{run_dir}/nccl_trace_rank_",
+        trace_prefix,
         "NCCL's own dump on a collective timeout kept with the job's output "
         f"(read by {label} under this name)",
     )
@@ -241,7 +244,7 @@ def worker_env(
     interfaces: tuple[str, ...] | None,
     cpu_count: int,
     workers_per_host: int,
-    run_dir: str,
+    run_dir: RunDir,
     environ: Mapping[str, str] | None = None,
     torch_version: str | None = None,
     physical_cores: int | None = None,
@@ -275,7 +278,7 @@ def worker_env(
     else:
         for name, value in CPU_DDP_ENV.items():
             env[name] = (value, "no GPU: HF Trainer/Accelerate run DDP on gloo")
-    env.update(flight_recorder(torch_version, run_dir, gpu=bool(gpu_count)))
+    env.update(flight_recorder(torch_version, run_dir.nccl_trace_prefix, gpu=bool(gpu_count)))
     small = shm.warning(shm_bytes)
     if small:
         warnings.append(small)
