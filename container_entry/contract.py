@@ -17,6 +17,34 @@ LOG_LEVEL_KEY = "sagemaker_container_log_level"
 DEFAULT_LOG_LEVEL = 20  # logging.INFO, sagemaker-training's default
 
 
+def _groups(topology: Topology) -> dict[str, Any]:
+    """The instance-group values: this host's group, every group's name, whether there are
+    several (a cluster without groups is one, 'homogeneousCluster')."""
+    current = next(
+        (g for g in topology.instance_groups if topology.current_host in (g.get("hosts") or [])),
+        None,
+    )
+    return {
+        "current_instance_group": (current or {}).get("instance_group_name", "homogeneousCluster"),
+        "current_instance_group_hosts": list((current or {}).get("hosts") or topology.hosts),
+        "instance_groups": [g.get("instance_group_name") for g in topology.instance_groups]
+        or ["homogeneousCluster"],
+        "is_hetero": len(topology.instance_groups) > 1,
+    }
+
+
+def _paths(base_dir: Path) -> dict[str, str]:
+    """The folders under the base dir, as sagemaker-training names them."""
+    return {
+        "output_data_dir": str(base_dir / "output" / "data"),
+        "input_dir": str(base_dir / "input"),
+        "input_config_dir": str(base_dir / "input" / "config"),
+        "output_dir": str(base_dir / "output"),
+        "model_dir": str(base_dir / "model"),
+        "output_intermediate_dir": str(base_dir / "output" / "intermediate"),
+    }
+
+
 def sm_env(
     *,
     base_dir: Path,
@@ -36,11 +64,9 @@ def sm_env(
     """SM_* variables, keyed and valued as sagemaker-training's Environment.to_env_vars."""
     from sagemaker_training import mapping
 
-    current_group = next(
-        (g for g in topology.instance_groups if topology.current_host in (g.get("hosts") or [])),
-        None,
-    )
     values: dict[str, Any] = {
+        **_paths(base_dir),
+        **_groups(topology),
         "hosts": list(topology.hosts),
         "network_interface_name": topology.network_interface or "eth0",
         "hps": dict(user_hyperparameters),
@@ -51,30 +77,17 @@ def sm_env(
         },
         "resource_config": dict(resource_config),
         "input_data_config": dict(input_data_config),
-        "output_data_dir": str(base_dir / "output" / "data"),
         "channels": sorted(channels),
         "current_host": topology.current_host,
         "current_instance_type": topology.instance_type or "local",
-        "current_instance_group": (current_group or {}).get(
-            "instance_group_name", "homogeneousCluster"
-        ),
-        "current_instance_group_hosts": list((current_group or {}).get("hosts") or topology.hosts),
-        "instance_groups": [g.get("instance_group_name") for g in topology.instance_groups]
-        or ["homogeneousCluster"],
-        "is_hetero": len(topology.instance_groups) > 1,
         "module_name": program[:-3] if program.endswith(".py") else program,
         "log_level": sagemaker_hyperparameters.get(LOG_LEVEL_KEY, DEFAULT_LOG_LEVEL),
         "framework_module": environ.get("SAGEMAKER_TRAINING_MODULE"),
-        "input_dir": str(base_dir / "input"),
-        "input_config_dir": str(base_dir / "input" / "config"),
-        "output_dir": str(base_dir / "output"),
         "num_cpus": num_cpus,
         "num_gpus": num_gpus,
         "num_neurons": 0,
-        "model_dir": str(base_dir / "model"),
         "module_dir": module_dir,
         "user_args": user_args,
-        "output_intermediate_dir": str(base_dir / "output" / "intermediate"),
     }
     values["training_env"] = dict(values)
     for name, path in channels.items():

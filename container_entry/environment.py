@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from container_entry import gpus
+from container_entry import gpus, shm
 from container_entry.errors import ConfigError
 
 DEFAULT_BASE_DIR = "/opt/ml"
@@ -129,7 +129,8 @@ def _interfaces() -> tuple[str, ...] | None:
 
 
 def read_efa_devices(sys_root: Path = Path("/sys")) -> tuple[str, ...]:
-    """EFA from the machine itself (devices bound to the `efa` driver), not an instance list."""
+    """EFA from the machine itself (devices bound to the `efa` driver), not an instance list:
+    the plan's EFA defaults and the preflight's check of NCCL's network both read it here."""
     devices = []
     for device in _entries(sys_root / "class" / "infiniband"):
         driver = sys_root / "class" / "infiniband" / device / "device" / "driver"
@@ -191,14 +192,6 @@ def read_physical_cores(
         ):
             cores.add((fields.get("physical id", "0"), fields["core id"]))
     return len(cores) or None
-
-
-def read_shm_bytes(path: str = "/dev/shm") -> int | None:
-    try:
-        stat = os.statvfs(path)
-    except OSError:
-        return None
-    return stat.f_frsize * stat.f_blocks
 
 
 def read_nccl_conf(path: Path = Path("/etc/nccl.conf")) -> dict[str, str]:
@@ -299,7 +292,7 @@ def read_environment(
         nvidia_smi_error=smi.error,
         gpu_driver=gpus.read_driver(),
         physical_cores=read_physical_cores(),
-        shm_bytes=read_shm_bytes(),
+        shm_bytes=shm.read_bytes(),
         nccl_conf=read_nccl_conf(),
         ofi_nccl_version=ofi,
         libfabric_version=fabric,

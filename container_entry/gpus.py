@@ -24,6 +24,7 @@ A GPU host whose `nvidia-smi` fails is never taken for a CPU host: that is a pro
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import re
 import shutil
@@ -179,6 +180,64 @@ def _failed_query(result: SmiResult, driver: Sequence[str], environ: Mapping[str
     )
 
 
+def _by_cuda_visible(cvd: str, gpus: Sequence[Gpu]) -> tuple[GpuCount, list[Gpu]]:
+    """What CUDA_VISIBLE_DEVICES=cvd leaves of these GPUs: the count, and the GPUs selected."""
+    value = cvd.strip()
+    if value.lower() in _NO_DEVICES:
+        return GpuCount(0, "CUDA_VISIBLE_DEVICES"), []
+    visible = cuda_visible(value, gpus)
+    name = f"CUDA_VISIBLE_DEVICES={cvd}"
+    problems: list[str] = []
+    warnings: list[str] = []
+    if visible.duplicate is not None:
+        problems.append(f"{name} names {visible.duplicate!r} twice: CUDA then shows no GPU at all")
+    elif not visible.selected and gpus:
+        problems.append(
+            f"{name} selects no GPU: {visible.stopped_at!r} is "
+            f"{visible.why_stopped}, and CUDA ignores everything from there on "
+            f"({QUERY} lists {len(gpus)})"
+        )
+    elif visible.stopped_at is not None:
+        warnings.append(
+            f"{name}: CUDA stops reading at {visible.stopped_at!r} "
+            f"({visible.why_stopped}), so only {len(visible.selected)} GPU(s) are used"
+        )
+    selected = [
+        g
+        for g in gpus
+        if str(g.index) in visible.selected
+        or g.uuid in visible.selected
+        or set(g.mig) & set(visible.selected)
+    ]
+    found = GpuCount(
+        len(visible.selected), "CUDA_VISIBLE_DEVICES", tuple(problems), tuple(warnings)
+    )
+    return found, selected
+
+
+def _with_mig(found: GpuCount, selected: Sequence[Gpu], named: bool) -> GpuCount:
+    """MIG GPUs among those selected: a CUDA process sees one MIG instance. `named`: the
+    instances were named by CUDA_VISIBLE_DEVICES=MIG-..."""
+    mig = [g for g in selected if g.mig]
+    instances = found.count if named else sum(len(g.mig) for g in mig)
+    problems, warnings = list(found.problems), list(found.warnings)
+    if len(mig) < len(selected):
+        problems.append(
+            f"GPUs with and without MIG are visible ({len(mig)} of {len(selected)} in "
+            "MIG mode): a CUDA process sees one MIG instance, or only the whole GPUs; "
+            "set CUDA_VISIBLE_DEVICES to the GPUs (or the one MIG instance) to train on"
+        )
+    elif instances > 1:
+        warnings.append(
+            f"MIG: {instances} MIG instances are visible but a CUDA process can use only "
+            "one, so one worker runs; to train on each instance, run one job (container) "
+            "per instance with CUDA_VISIBLE_DEVICES=MIG-<uuid>"
+        )
+    return GpuCount(
+        1, "MIG: a CUDA process sees one MIG instance", tuple(problems), tuple(warnings)
+    )
+
+
 def count_gpus(
     environ: Mapping[str, str],
     nvidia_smi_output: str | None,
@@ -189,63 +248,17 @@ def count_gpus(
     if nvidia_smi_output is None:
         return _failed_query(SmiResult(None, nvidia_smi_error), driver, environ)
     gpus = parse_nvidia_smi(nvidia_smi_output)
-    count, source = len(gpus), QUERY
-    problems: list[str] = []
-    warnings: list[str] = []
-    selected_gpus = list(gpus)
+    found, selected = GpuCount(len(gpus), QUERY), gpus
     cvd = environ.get("CUDA_VISIBLE_DEVICES")
     if cvd is not None:
-        value = cvd.strip()
-        if value.lower() in _NO_DEVICES:
-            count, source, selected_gpus = 0, "CUDA_VISIBLE_DEVICES", []
-        else:
-            visible = cuda_visible(value, gpus)
-            name = f"CUDA_VISIBLE_DEVICES={cvd}"
-            if visible.duplicate is not None:
-                problems.append(
-                    f"{name} names {visible.duplicate!r} twice: CUDA then shows no GPU at all"
-                )
-            elif not visible.selected and gpus:
-                problems.append(
-                    f"{name} selects no GPU: {visible.stopped_at!r} is "
-                    f"{visible.why_stopped}, and CUDA ignores everything from there on "
-                    f"({QUERY} lists {len(gpus)})"
-                )
-            elif visible.stopped_at is not None:
-                warnings.append(
-                    f"{name}: CUDA stops reading at {visible.stopped_at!r} "
-                    f"({visible.why_stopped}), so only {len(visible.selected)} GPU(s) are used"
-                )
-            count, source = len(visible.selected), "CUDA_VISIBLE_DEVICES"
-            selected_gpus = [
-                g
-                for g in gpus
-                if str(g.index) in visible.selected
-                or g.uuid in visible.selected
-                or set(g.mig) & set(visible.selected)
-            ]
-    mig = [g for g in selected_gpus if g.mig]
-    if mig and count:
-        named = (cvd or "").strip().startswith("MIG-")
-        instances = count if named else sum(len(g.mig) for g in mig)
-        if len(mig) < len(selected_gpus):
-            problems.append(
-                f"GPUs with and without MIG are visible ({len(mig)} of {len(selected_gpus)} in "
-                "MIG mode): a CUDA process sees one MIG instance, or only the whole GPUs; "
-                "set CUDA_VISIBLE_DEVICES to the GPUs (or the one MIG instance) to train on"
-            )
-        elif instances > 1:
-            warnings.append(
-                f"MIG: {instances} MIG instances are visible but a CUDA process can use only "
-                "one, so one worker runs; to train on each instance, run one job (container) "
-                "per instance with CUDA_VISIBLE_DEVICES=MIG-<uuid>"
-            )
-        count, source = 1, "MIG: a CUDA process sees one MIG instance"
+        found, selected = _by_cuda_visible(cvd, gpus)
+    if found.count and any(g.mig for g in selected):
+        found = _with_mig(found, selected, named=(cvd or "").strip().startswith("MIG-"))
     nvidia = environ.get("NVIDIA_VISIBLE_DEVICES")
     listed = _listed(nvidia) if nvidia is not None else None
-    if listed is not None and listed < count:
-        count, source = listed, "NVIDIA_VISIBLE_DEVICES"
-    return GpuCount(count, source, tuple(problems), tuple(warnings))
+    if listed is not None and listed < found.count:
+        found = dataclasses.replace(found, count=listed, source="NVIDIA_VISIBLE_DEVICES")
+    return found
 
 
 def query_nvidia_smi(timeout: float = QUERY_TIMEOUT) -> SmiResult:

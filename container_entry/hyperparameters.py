@@ -3,13 +3,13 @@ render `--key value` arguments the way the incumbent does so existing scripts pa
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from container_entry.errors import ConfigError
 from container_entry.settings import HYPERPARAMETER_PREFIX
+from container_entry.text import json_or_raw
 
 SAGEMAKER_PREFIX = "sagemaker_"
 SOURCE = "hyperparameters.json"
@@ -29,14 +29,9 @@ def decode(raw: Any) -> Any:
 
     SDK v2 framework estimators JSON-encode each value ('"bert"', '3', 'true'); the generic
     Estimator sends str() ('True'); SDK v3 and raw API callers send plain strings. JSON first,
-    the raw string when it is not JSON: the same rule as sagemaker-training.
+    the raw string when it is not JSON: the same rule as sagemaker-training (text.json_or_raw).
     """
-    if not isinstance(raw, str):
-        return raw
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
+    return json_or_raw(raw) if isinstance(raw, str) else raw
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
+from container_entry.text import json_or_raw
+
 MASK = "****"
 MIN_SECRET_LENGTH = 8
 # Plurals name collections of credentials (`secrets`, `passwords`), except `tokens`, which in
@@ -68,7 +70,7 @@ def secret_values(pairs: Iterable[tuple[str, Any]]) -> list[str]:
     def visit(name: str, value: Any, inherited: bool) -> None:
         secret = inherited or is_secret_name(name)
         if isinstance(value, str):
-            decoded = _decoded(value)
+            decoded = json_or_raw(value)
             if not isinstance(decoded, str):  # a JSON number, bool, object or list
                 visit(name, decoded, secret)
                 return
@@ -76,7 +78,7 @@ def secret_values(pairs: Iterable[tuple[str, Any]]) -> list[str]:
                 found.add(decoded)  # '"sk-..."' as SDK v2 sends it contains it too
             # a JSON string literal whose text is a JSON string, object or list: that counts
             # too (a number inside stays the string it was sent as)
-            inner = _decoded(decoded) if decoded != value else decoded
+            inner = json_or_raw(decoded) if decoded != value else decoded
             if inner != decoded and isinstance(inner, str | Mapping | list):
                 visit(name, decoded, secret)
         elif isinstance(value, Mapping):
@@ -89,13 +91,6 @@ def secret_values(pairs: Iterable[tuple[str, Any]]) -> list[str]:
     for name, value in pairs:
         visit(str(name), value, False)
     return sorted(found, key=len, reverse=True)
-
-
-def _decoded(value: str) -> Any:
-    try:
-        return json.loads(value)
-    except ValueError:
-        return value
 
 
 # -- the forms a secret takes in output ------------------------------------------------------
@@ -325,3 +320,18 @@ class Masker:
 
 def _longest_first(form: _T) -> tuple[int, _T]:
     return -len(form), form
+
+
+def argv_pairs(args: Sequence[str]) -> list[tuple[str, str]]:
+    """(name, value) for `--name value` and `--name=value` in a command line, so a credential
+    passed as an argument (`train train.py --hf_token ...`) is masked like a hyperparameter."""
+    pairs = []
+    for index, arg in enumerate(args):
+        if not arg.startswith("-"):
+            continue
+        name, equals, value = arg.lstrip("-").partition("=")
+        if equals:
+            pairs.append((name, value))
+        elif index + 1 < len(args):
+            pairs.append((name, args[index + 1]))
+    return pairs

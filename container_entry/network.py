@@ -45,6 +45,75 @@ def _names(hosts: Sequence[str]) -> str:
     return f"{shown} and {more} more" if more > 0 else shown
 
 
+class _Lookups:
+    """The names `wait_for_hosts` still waits for, shared with its resolver threads under one
+    condition: each name is in `ready` (to look up now), in a thread's hands, or in `later`
+    (failed, to retry at a time), never in two of them."""
+
+    def __init__(self, hosts: Sequence[str], resolves: Callable[[str], bool], interval: float):
+        self.pending = dict.fromkeys(hosts)  # ordered: errors name hosts in the caller's order
+        self.ready: deque[str] = deque(self.pending)
+        self.later: list[tuple[float, str]] = []  # (when, name)
+        self.failures = dict.fromkeys(self.pending, 0)  # failed lookups per name
+        self.resolves, self.interval = resolves, interval
+        self.cond = threading.Condition()
+        self.over = False
+
+    def work(self) -> None:
+        """One resolver thread: look up the next ready name until the wait is over."""
+        while True:
+            with self.cond:
+                while not self.ready and not self.over:
+                    self.cond.wait()
+                if self.over:
+                    return
+                name = self.ready.popleft()
+            try:
+                ok = self.resolves(name)
+            except Exception:  # an injected resolver's bug is a name that did not resolve
+                ok = False
+            with self.cond:
+                if ok:
+                    self.pending.pop(name, None)
+                else:
+                    retry = time.monotonic() + backoff(self.failures[name], self.interval)
+                    self.later.append((retry, name))
+                    self.failures[name] += 1
+                self.cond.notify_all()
+
+    def requeue(self, now: float) -> None:
+        """Names whose retry is due go back to `ready` (the condition held)."""
+        due = [entry for entry in self.later if entry[0] <= now]
+        for entry in due:
+            self.later.remove(entry)
+            self.ready.append(entry[1])
+        if due:
+            self.cond.notify_all()
+
+    def wait(self, deadline: float) -> list[str]:
+        """Until every name resolved or `deadline`: the names left, in the caller's order."""
+        announced: float | None = time.monotonic() + min(self.interval, 1.0)
+        with self.cond:
+            while self.pending:
+                now = time.monotonic()
+                if now >= deadline:
+                    break
+                self.requeue(now)
+                if announced is not None and now >= announced:
+                    log(f"waiting for host names to resolve: {_names(list(self.pending))}")
+                    announced = None
+                wake = min([deadline, *(when for when, _ in self.later)])
+                if announced is not None:
+                    wake = min(wake, announced)
+                self.cond.wait(max(0.0, wake - now))
+            return list(self.pending)
+
+    def end(self) -> None:
+        with self.cond:
+            self.over = True
+            self.cond.notify_all()
+
+
 def wait_for_hosts(
     hosts: Sequence[str],
     timeout: float,
@@ -61,62 +130,15 @@ def wait_for_hosts(
     abandoned (its thread is a daemon).
     """
     deadline = time.monotonic() + timeout
-    pending = dict.fromkeys(hosts)  # ordered: errors name hosts in the caller's order
-    if not pending:
+    lookups = _Lookups(hosts, resolves, interval)
+    if not lookups.pending:
         return
-    ready: deque[str] = deque(pending)  # names to look up now
-    later: list[tuple[float, str]] = []  # (when, name): failed, to retry
-    failures = dict.fromkeys(pending, 0)  # failed lookups per name
-    cond = threading.Condition()
-    over = False
-
-    def work() -> None:
-        while True:
-            with cond:
-                while not ready and not over:
-                    cond.wait()
-                if over:
-                    return
-                name = ready.popleft()
-            try:
-                ok = resolves(name)
-            except Exception:  # an injected resolver's bug is a name that did not resolve
-                ok = False
-            with cond:
-                if ok:
-                    pending.pop(name, None)
-                else:
-                    later.append((time.monotonic() + backoff(failures[name], interval), name))
-                    failures[name] += 1
-                cond.notify_all()
-
-    for index in range(max(1, min(parallel, len(pending)))):
-        threading.Thread(target=work, daemon=True, name=f"resolve-{index}").start()
-    announced = time.monotonic() + min(interval, 1.0)
+    for index in range(max(1, min(parallel, len(lookups.pending)))):
+        threading.Thread(target=lookups.work, daemon=True, name=f"resolve-{index}").start()
     try:
-        with cond:
-            while pending:
-                now = time.monotonic()
-                if now >= deadline:
-                    break
-                due = [entry for entry in later if entry[0] <= now]
-                for entry in due:
-                    later.remove(entry)
-                    ready.append(entry[1])
-                if due:
-                    cond.notify_all()
-                if announced is not None and now >= announced:
-                    log(f"waiting for host names to resolve: {_names(list(pending))}")
-                    announced = None
-                wake = min([deadline, *(when for when, _ in later)])
-                if announced is not None:
-                    wake = min(wake, announced)
-                cond.wait(max(0.0, wake - now))
-            unresolved = list(pending)
+        unresolved = lookups.wait(deadline)
     finally:
-        with cond:
-            over = True
-            cond.notify_all()
+        lookups.end()
     if unresolved:
         raise NetworkError(
             f"host {unresolved[0]!r} did not resolve within {timeout:g} s "

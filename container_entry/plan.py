@@ -4,6 +4,11 @@
 a bad setting); what it can plan around (no entry script, a script that is not there, an
 unsupported torch, an environment too large to start a process with) goes into
 `Plan.problems`, so `plan` can show everything else. `train` refuses a plan with problems.
+
+`build_plan` puts together one decision per function: the code and the entry script
+(code_source), torchrun's command line (torchrun.launch), the SM_* contract (contract), what
+every script is given (`_bootstrap_env`), the workers' defaults (worker_defaults), the limits of
+a process's start (`_oversized`) and the secrets to mask.
 """
 
 from __future__ import annotations
@@ -18,17 +23,17 @@ from typing import Any
 
 from container_entry import contract, gpus, hyperparameters, settings, torchrun
 from container_entry.cluster import Topology, resolve_topology
-from container_entry.environment import Environment, script_candidates
-from container_entry.errors import ConfigError
+from container_entry.code_source import UNRESOLVED, CodeSource, entry_program, locate_code
+from container_entry.environment import Environment
 from container_entry.hang import PROGRESS_ENV
-from container_entry.masking import MASK, Masker, is_secret_name, secret_values
+from container_entry.layout import RunDir
+from container_entry.masking import MASK, Masker, argv_pairs, is_secret_name, secret_values
 from container_entry.settings import Settings
-from container_entry.worker_defaults import threads, worker_env
+from container_entry.worker_defaults import Defaults, threads, worker_env
 
+# what each rank runs before the script (as `python -u PREFLIGHT_SCRIPT`, by the worker wrapper)
 PREFLIGHT_SCRIPT = str(Path(__file__).resolve().parent / "preflight.py")
-RUN_DIR = ("output", "data", "container-entry")  # under the base dir: logs, records, stacks
 MAX_ARG_STRLEN = 131072  # Linux: the most bytes one argv or environment string may hold
-UNRESOLVED = "<entry script>"
 
 
 def workers_of(nproc_per_node: str, gpus: int) -> int:
@@ -36,21 +41,10 @@ def workers_of(nproc_per_node: str, gpus: int) -> int:
     return int(nproc_per_node) if nproc_per_node.isdigit() else max(1, gpus)
 
 
-def run_dir(base_dir: Path | str) -> Path:
-    return Path(base_dir, *RUN_DIR)
-
-
 @dataclass(frozen=True)
 class EnvVar:
     value: str
     reason: str
-
-
-@dataclass(frozen=True)
-class CodeSource:
-    kind: str  # "directory" | "s3" | "archive" | "cli"
-    location: str  # where the code comes from
-    code_dir: str  # where the entry script runs from (cwd of the workers)
 
 
 @dataclass(frozen=True)
@@ -156,74 +150,10 @@ class Plan:
         return self.masker().text("\n".join(lines))
 
 
-def _program(env: Environment, sagemaker_hps: Mapping[str, Any]) -> str | None:
-    if env.cli_args:
-        return env.cli_args[0]
-    program = env.environ.get("SAGEMAKER_PROGRAM") or sagemaker_hps.get("sagemaker_program")
-    return program if isinstance(program, str) and program else None
-
-
-def _cli_code(env: Environment, name: str) -> tuple[CodeSource, str | None]:
-    """A script named on the command line: the first candidate that exists."""
-    candidates = script_candidates(env.cwd, str(env.base_dir / "code"), name)
-    found = next((path for path in candidates if path in env.scripts_found), None)
-    script = found or candidates[0]
-    problem = None
-    if found is None:
-        problem = f"entry script {name!r} not found: looked for {' and '.join(candidates)}"
-    directory = posixpath.dirname(script)
-    return CodeSource("cli", name, directory), problem
-
-
-def _code_source(env: Environment, program: str, sagemaker_hps: Mapping[str, Any]) -> CodeSource:
-    base = str(env.base_dir)
-    extracted = posixpath.join(base, "code")
-    submit = sagemaker_hps.get("sagemaker_submit_directory") or env.environ.get(
-        "SAGEMAKER_SUBMIT_DIRECTORY"
-    )
-    if submit:
-        submit = str(submit)
-        if submit.startswith("s3://"):
-            return CodeSource("s3", submit, extracted)
-        if submit.endswith((".tar.gz", ".tgz")):
-            return CodeSource("archive", submit, extracted)
-        return CodeSource("directory", submit, submit)
-    channel = posixpath.join(base, "input", "data", "code")
-    if env.code_channel_entries:
-        archives = [e for e in env.code_channel_entries if e.endswith((".tar.gz", ".tgz"))]
-        if program not in env.code_channel_entries and archives:
-            return CodeSource("archive", posixpath.join(channel, archives[0]), extracted)
-        return CodeSource("directory", channel, channel)
-    return CodeSource("directory", extracted, extracted)
-
-
 def _channels(env: Environment) -> dict[str, str]:
+    """Every input channel's folder: those the job was given and those found on disk."""
     names = set(env.input_data_config) | set(env.local_channels)
     return {name: str(env.base_dir / "input" / "data" / name) for name in sorted(names)}
-
-
-def _pet_int(environ: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
-    raw = environ.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r}: not an integer") from None
-    if not low <= value <= high:
-        raise ConfigError(f"{name}={raw!r}: must be between {low} and {high}")
-    return value
-
-
-def _nproc(environ: Mapping[str, str], gpu: gpus.GpuCount) -> tuple[str, str]:
-    raw = environ.get("PET_NPROC_PER_NODE")
-    if raw is None:
-        return (str(gpu.count), gpu.source) if gpu.count else ("1", "no GPU: CPU")
-    if raw not in ("auto", "cpu", "gpu", "xpu") and not (raw.isdigit() and int(raw) > 0):
-        raise ConfigError(
-            f"PET_NPROC_PER_NODE={raw!r}: a positive integer, or auto, cpu, gpu (torchrun's values)"
-        )
-    return raw, "PET_NPROC_PER_NODE"
 
 
 def _size(text: str) -> int:
@@ -266,67 +196,32 @@ def _oversized(
     return None
 
 
-def build_plan(env: Environment) -> Plan:
-    """Decide everything about the launch; raises ConfigError naming the bad file or value."""
-    problems: list[str] = []
-    topology: Topology = resolve_topology(env)
-    hps = hyperparameters.split(env.hyperparameters)
-    knobs = settings.resolve(env.environ, hps.settings)
-    gpu = gpus.count_gpus(env.environ, env.nvidia_smi, env.nvidia_smi_error, env.gpu_driver)
-    warnings: list[str] = list(gpu.warnings)
-    program = _program(env, hps.sagemaker)
-    user_args = list(env.cli_args[1:]) if env.cli_args else hyperparameters.to_args(hps.user)
-    user_hps = dict(hps.user)
-    job_name = env.environ.get("TRAINING_JOB_NAME") or hps.sagemaker.get("sagemaker_job_name")
-
-    problems += gpu.problems
-    if program is None:
-        problems.append(
-            "no entry script: set SAGEMAKER_PROGRAM or hyperparameter sagemaker_program, "
-            "or run `train SCRIPT [ARGS...]`"
-        )
-        code = CodeSource("directory", str(env.base_dir / "code"), str(env.base_dir / "code"))
-        script = UNRESOLVED
-    elif env.cli_args:
-        code, problem = _cli_code(env, program)
-        problems += [problem] if problem else []
-        script = posixpath.join(code.code_dir, posixpath.basename(program))
-    else:
-        code = _code_source(env, program, hps.sagemaker)
-        script = posixpath.join(code.code_dir, program)
-
-    launcher = torchrun.Torchrun(env.torch_version or "0.0")
+def _torch_problems(env: Environment, launcher: torchrun.Torchrun) -> list[str]:
+    """Why the installed torch cannot launch the job, if it cannot."""
     if env.torch_version is None:
-        problems.append(f"torch is not installed for {env.python}: torchrun cannot start")
-    elif not launcher.supported:
-        problems.append(
+        return [f"torch is not installed for {env.python}: torchrun cannot start"]
+    if not launcher.supported:
+        return [
             f"torch {env.torch_version} is older than the oldest supported release "
             f"({'.'.join(map(str, torchrun.OLDEST))})"
-        )
+        ]
+    return []
 
-    nproc, nproc_source = _nproc(env.environ, gpu)
-    master_port = _pet_int(env.environ, "PET_MASTER_PORT", knobs.master_port, 1, 65534)
-    master_addr = env.environ.get("PET_MASTER_ADDR") or topology.master_addr
-    restarts = _pet_int(env.environ, "PET_MAX_RESTARTS", knobs.max_restarts, 0, 10**6)
-    # PET_NPROC_PER_NODE, when set, drops this flag and torchrun reads the user's value itself
-    size = {"nnodes": str(len(topology.hosts)), "nproc-per-node": nproc}
-    # the bootstrap delivers a stop itself (launch.py); should anything else signal torchrun,
-    # a torchrun that can be told so gives the ranks the same grace
-    stop = (
-        {"shutdown-timeout": str(int(knobs.stop_grace_period))}
-        if launcher.handles_stop_grace
-        else {}
-    )
-    rendezvous = torchrun.rendezvous_flags(topology, master_addr, master_port, restarts, job_name)
-    flags, pet_kept = torchrun.flags(env.environ, {**size, **rendezvous, **stop})
-    argv = torchrun.command(env.python, flags)
-    preflight = knobs.preflight == "true" or (knobs.preflight == "auto" and len(topology.hosts) > 1)
 
-    wanted: dict[str, EnvVar] = {}
+def _sm_env(
+    env: Environment,
+    topology: Topology,
+    hps: hyperparameters.Hyperparameters,
+    user_args: list[str],
+    program: str | None,
+    code: CodeSource,
+    gpu: gpus.GpuCount,
+) -> dict[str, EnvVar]:
+    """The SM_* variables, as sagemaker-training exports them."""
     sm = contract.sm_env(
         base_dir=env.base_dir,
         topology=topology,
-        user_hyperparameters=user_hps,
+        user_hyperparameters=hps.user,
         sagemaker_hyperparameters=hps.sagemaker,
         user_args=user_args,
         program=posixpath.basename(program or UNRESOLVED),
@@ -338,8 +233,15 @@ def build_plan(env: Environment) -> Plan:
         num_cpus=env.cpu_count,
         environ=env.environ,
     )
-    for name, value in sm.items():
-        wanted[name] = EnvVar(value, "SageMaker contract (as sagemaker-training exports it)")
+    reason = "SageMaker contract (as sagemaker-training exports it)"
+    return {name: EnvVar(value, reason) for name, value in sm.items()}
+
+
+def _bootstrap_env(
+    env: Environment, topology: Topology, knobs: Settings, code: CodeSource, job_name: object
+) -> dict[str, EnvVar]:
+    """What every script is given beside the SM_* contract and the workers' defaults."""
+    wanted: dict[str, EnvVar] = {}
     if job_name:
         wanted["SAGEMAKER_JOB_NAME"] = EnvVar(str(job_name), "transformers detects SageMaker")
     wanted["CURRENT_HOST"] = EnvVar(topology.current_host, "SageMaker contract")
@@ -349,18 +251,23 @@ def build_plan(env: Environment) -> Plan:
     wanted["PYTHONUNBUFFERED"] = EnvVar("1", "live logs: print reaches stdout at once")
     wanted["PYTHONPATH"] = EnvVar(code.code_dir, "user modules importable, as the incumbent")
     wanted[PROGRESS_ENV] = EnvVar(
-        str(run_dir(env.base_dir) / "progress"),
+        str(RunDir.of(env.base_dir).progress),
         "touch it (or call container_entry.hang.report_progress()) to count as output for "
         + (f"HANG_TIMEOUT ({knobs.hang_timeout:g} s)" if knobs.hang_timeout else "HANG_TIMEOUT"),
     )
-    defaults = worker_env(
+    return wanted
+
+
+def _defaults(env: Environment, topology: Topology, gpu: gpus.GpuCount, nproc: str) -> Defaults:
+    """The workers' defaults for this host (worker_defaults)."""
+    return worker_env(
         topology=topology,
         gpu_count=gpu.count,
         efa_devices=env.efa_devices,
         interfaces=env.interfaces,
         cpu_count=env.cpu_count,
         workers_per_host=workers_of(nproc, gpu.count),
-        run_dir=str(run_dir(env.base_dir)),
+        run_dir=RunDir.of(env.base_dir),
         environ=env.environ,
         torch_version=env.torch_version,
         physical_cores=env.physical_cores,
@@ -370,69 +277,70 @@ def build_plan(env: Environment) -> Plan:
         kernel_release=env.kernel_release,
         shm_bytes=env.shm_bytes,
     )
-    for name, (value, reason) in defaults.env.items():
-        wanted[name] = EnvVar(value, reason)
-    warnings += defaults.warnings
-    if restarts:
+
+
+def _secrets(env: Environment, user_args: Sequence[str]) -> tuple[str, ...]:
+    """Every value masked in the job's output: credentials in the environment, the
+    hyperparameters and the script's command line."""
+    pairs = [*env.environ.items(), *env.hyperparameters.items(), *argv_pairs(user_args)]
+    return tuple(secret_values(pairs))
+
+
+def build_plan(env: Environment) -> Plan:
+    """Decide everything about the launch; raises ConfigError naming the bad file or value."""
+    topology = resolve_topology(env)
+    hps = hyperparameters.split(env.hyperparameters)
+    knobs = settings.resolve(env.environ, hps.settings)
+    gpu = gpus.count_gpus(env.environ, env.nvidia_smi, env.nvidia_smi_error, env.gpu_driver)
+    program = entry_program(env, hps.sagemaker)
+    user_args = list(env.cli_args[1:]) if env.cli_args else hyperparameters.to_args(hps.user)
+    job_name = env.environ.get("TRAINING_JOB_NAME") or hps.sagemaker.get("sagemaker_job_name")
+    code, script, code_problems = locate_code(env, program, hps.sagemaker)
+    launcher = torchrun.Torchrun(env.torch_version or "0.0")
+    problems = [*gpu.problems, *code_problems, *_torch_problems(env, launcher)]
+    launch = torchrun.launch(launcher, env.environ, env.python, topology, knobs, gpu, job_name)
+    defaults = _defaults(env, topology, gpu, launch.nproc)
+    wanted = {
+        **_sm_env(env, topology, hps, user_args, program, code, gpu),
+        **_bootstrap_env(env, topology, knobs, code, job_name),
+        **{name: EnvVar(value, reason) for name, (value, reason) in defaults.env.items()},
+    }
+    if launch.restarts:
         wanted["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = EnvVar(
             "1", "restarts: every attempt gets a fresh store (no stale peer addresses)"
         )
-
     added = {k: v for k, v in wanted.items() if k not in env.environ}
-    kept = sorted(
-        {k for k in wanted if k in env.environ} | set(pet_kept) | set(defaults.user_aliases)
-    )
+    kept = {k for k in wanted if k in env.environ} | {*launch.pet_kept, *defaults.user_aliases}
     command = (script, *user_args)
     child_env = {**env.environ, **{k: v.value for k, v in added.items()}}
-    oversized = _oversized(child_env, command, env.arg_max, user_hps)
-    if oversized:
-        problems.append(oversized)
-    secret_pairs = [
-        *env.environ.items(),
-        *env.hyperparameters.items(),
-        *_argv_pairs(user_args),
-    ]
+    oversized = _oversized(child_env, command, env.arg_max, hps.user)
+    preflight = knobs.preflight == "true" or (knobs.preflight == "auto" and len(topology.hosts) > 1)
     return Plan(
         topology=topology,
-        master_addr=master_addr,
-        master_port=master_port,
+        master_addr=launch.master_addr,
+        master_port=launch.master_port,
         coordinated=topology.coordinated and len(topology.hosts) > 1,
-        nproc_per_node=nproc,
-        nproc_source=nproc_source,
+        nproc_per_node=launch.nproc,
+        nproc_source=launch.nproc_source,
         backend="nccl" if gpu.count else "gloo",
         num_gpus=gpu.count,
         torch_version=env.torch_version,
         program=program,
         code=code,
         user_args=tuple(user_args),
-        hyperparameters=user_hps,
-        argv=argv,
+        hyperparameters=hps.user,
+        argv=launch.argv,
         command=command,
         env=added,
-        user_env_kept=tuple(kept),
+        user_env_kept=tuple(sorted(kept)),
         settings=knobs,
-        max_restarts=restarts,
+        max_restarts=launch.restarts,
         preflight=(PREFLIGHT_SCRIPT,) if preflight else (),
-        problems=tuple(problems),
+        problems=(*problems, *([oversized] if oversized else [])),
         gpu_problem=bool(gpu.problems),
-        secrets=tuple(secret_values(secret_pairs)),
-        warnings=tuple(warnings),
+        secrets=_secrets(env, user_args),
+        warnings=(*gpu.warnings, *defaults.warnings),
         cpu_count=env.cpu_count,
         physical_cores=env.physical_cores,
         boot_id=env.boot_id,
     )
-
-
-def _argv_pairs(args: Sequence[str]) -> list[tuple[str, str]]:
-    """(name, value) for `--name value` and `--name=value` in a command line, so a credential
-    passed as an argument (`train train.py --hf_token ...`) is masked like a hyperparameter."""
-    pairs = []
-    for index, arg in enumerate(args):
-        if not arg.startswith("-"):
-            continue
-        name, equals, value = arg.lstrip("-").partition("=")
-        if equals:
-            pairs.append((name, value))
-        elif index + 1 < len(args):
-            pairs.append((name, args[index + 1]))
-    return pairs

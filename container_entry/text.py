@@ -11,13 +11,16 @@ message goes through `quoted` (or `escaped`): the same, plus control characters 
 name can break a line. Bytes a rank printed are relayed unchanged.
 
 The handler is registered with Python's codecs the first time it is needed (`register`), never
-at import. Stdlib only: the per-rank wrapper uses it too.
+at import. Stdlib only: the per-rank wrapper uses it too. Beside it, two rules for reading text
+that more than one module needs: `json_or_raw` (a value that may be JSON) and `names_host`.
 """
 
 from __future__ import annotations
 
 import codecs
+import json
 import re
+from typing import Any
 
 ESCAPE = "container-entry-escape"  # the error handler for every text the bootstrap writes
 
@@ -76,3 +79,19 @@ def quoted(text: str) -> str:
 def encoded(text: str) -> bytes:
     """Text of ours as bytes for a console or a log: UTF-8, lone surrogates as `\\xNN`."""
     return text.encode("utf-8", register())
+
+
+def json_or_raw(text: str) -> Any:
+    """`text` decoded as JSON, or `text` itself when it is not JSON: sagemaker-training's rule for
+    a hyperparameter's value ('"bert"' is 'bert', '3' is 3, 'True' stays 'True'); the masking of
+    secrets reads values by the same rule."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def names_host(text: str, host: str) -> bool:
+    """Whether `text` names `host` as a word: algo-1 is named by 'on algo-1: ...' and 'on
+    algo-1.', not by algo-10, algo-1-b or x.algo-1."""
+    return re.search(rf"(?<![\w.-]){re.escape(host)}(?![\w-])", text) is not None

@@ -14,12 +14,14 @@ module with no arguments; the worker reads the script's command line from a file
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from container_entry.cluster import Topology
 from container_entry.errors import ConfigError
+from container_entry.gpus import GpuCount
+from container_entry.settings import Settings
+from container_entry.worker_defaults import version_tuple
 
 MODULE = "torch.distributed.run"
 WORKER_MODULE = "container_entry.worker"
@@ -43,7 +45,6 @@ FLAG_SINCE: Mapping[str, tuple[int, int]] = {
     # torch's own SIGTERM -> SIGKILL delay for workers; before it, a fixed 30 s
     "shutdown-timeout": (2, 12),
 }
-_VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?")
 
 
 @dataclass(frozen=True)
@@ -54,10 +55,10 @@ class Torchrun:
 
     @property
     def release(self) -> tuple[int, int]:
-        match = _VERSION.match(self.version)
-        if not match:
+        release = version_tuple(self.version)
+        if release is None:
             raise ConfigError(f"torch version {self.version!r} is not a release number")
-        return int(match.group(1)), int(match.group(2))
+        return release[:2]
 
     def has(self, flag: str) -> bool:
         return self.release >= FLAG_SINCE[flag]
@@ -125,3 +126,80 @@ def rendezvous_flags(
         wanted["local-addr"] = topology.current_host
     # else (torchrun-style env: host names unknown) torch's own default, the host's FQDN
     return {**wanted, "max-restarts": str(restarts)}
+
+
+def _pet_int(environ: Mapping[str, str], name: str, default: int, low: int, high: int) -> int:
+    """PET_<NAME>, which torchrun itself reads, when the user set it; else our `default`."""
+    raw = environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r}: not an integer") from None
+    if not low <= value <= high:
+        raise ConfigError(f"{name}={raw!r}: must be between {low} and {high}")
+    return value
+
+
+def _nproc(environ: Mapping[str, str], gpu: GpuCount) -> tuple[str, str]:
+    """Workers per host as torchrun takes them, and why: PET_NPROC_PER_NODE, else a GPU each."""
+    raw = environ.get("PET_NPROC_PER_NODE")
+    if raw is None:
+        return (str(gpu.count), gpu.source) if gpu.count else ("1", "no GPU: CPU")
+    if raw not in ("auto", "cpu", "gpu", "xpu") and not (raw.isdigit() and int(raw) > 0):
+        raise ConfigError(
+            f"PET_NPROC_PER_NODE={raw!r}: a positive integer, or auto, cpu, gpu (torchrun's values)"
+        )
+    return raw, "PET_NPROC_PER_NODE"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """torchrun's command line and the values in it."""
+
+    nproc: str
+    nproc_source: str
+    master_addr: str
+    master_port: int
+    restarts: int
+    argv: tuple[str, ...]
+    pet_kept: tuple[str, ...]  # the PET_* variables torchrun reads itself instead of a flag
+
+
+def launch(
+    launcher: Torchrun,
+    environ: Mapping[str, str],
+    python: str,
+    topology: Topology,
+    knobs: Settings,
+    gpu: GpuCount,
+    job_name: object,
+) -> Launch:
+    """torchrun's command line for this host: workers per host, the master, restarts, the stop
+    grace where this torchrun takes it; every PET_* variable the user set wins (torchrun reads
+    it itself)."""
+    workers, workers_source = _nproc(environ, gpu)
+    master_port = _pet_int(environ, "PET_MASTER_PORT", knobs.master_port, 1, 65534)
+    master_addr = environ.get("PET_MASTER_ADDR") or topology.master_addr
+    restarts = _pet_int(environ, "PET_MAX_RESTARTS", knobs.max_restarts, 0, 10**6)
+    # PET_NPROC_PER_NODE, when set, drops this flag and torchrun reads the user's value itself
+    size = {"nnodes": str(len(topology.hosts)), "nproc-per-node": workers}
+    # the bootstrap delivers a stop itself (launch.py); should anything else signal torchrun,
+    # a torchrun that can be told so gives the ranks the same grace
+    stop = (
+        {"shutdown-timeout": str(int(knobs.stop_grace_period))}
+        if launcher.handles_stop_grace
+        else {}
+    )
+    rendezvous = rendezvous_flags(topology, master_addr, master_port, restarts, job_name)
+    argv, pet_kept = flags(environ, {**size, **rendezvous, **stop})
+    return Launch(
+        workers,
+        workers_source,
+        master_addr,
+        master_port,
+        restarts,
+        command(python, argv),
+        tuple(pet_kept),
+    )

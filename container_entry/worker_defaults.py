@@ -1,5 +1,6 @@
 """Defaults for the workers' environment: interconnect (NCCL, EFA), threads, NCCL diagnostics,
-and the warnings about shared memory. Pure: every input is a fact the environment read.
+and the warning about shared memory (its text: container_entry.shm). Pure: every input is a
+fact the environment read.
 
 Every value here is only a default: the plan drops any variable the user already set (or one
 of its aliases: `ALIASES`), and shows each one it adds with its reason. What decides each value,
@@ -12,7 +13,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from container_entry import shm
 from container_entry.cluster import Topology
+from container_entry.layout import RunDir
 
 # What an unmodified HF Trainer / Accelerate script needs to run as DDP on a host with no GPU
 # (docs/cpu-ddp.md): transformers passes cpu=True to accelerate's PartialState only then, and
@@ -40,9 +43,6 @@ FR_NAMES_SINCE = (2, 9)
 # - dump on a collective timeout: on by default since pytorch PR 143446 (Dec 2024).
 DUMP_ON_TIMEOUT_DEFAULT_ON = (2, 7)
 
-# /dev/shm below this draws a warning: docs/gpu.md, "Shared memory".
-SHM_MIN_BYTES = 1 << 30
-
 # EFA presets by software version (aws-samples/awsome-distributed-training,
 # 1.architectures/efa-cheatsheet.md): instances whose EFA does GPUDirect RDMA, for which the
 # old presets set FI_EFA_USE_DEVICE_RDMA=1.
@@ -50,35 +50,23 @@ _RDMA_FAMILIES = re.compile(r"^(ml\.)?p[456]")
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 
 
+Env = tuple[str, str]  # (value, reason)
+
+
 @dataclass(frozen=True)
 class Defaults:
-    env: dict[str, tuple[str, str]]  # name -> (value, reason)
+    env: dict[str, Env]  # name -> (value, reason)
     user_aliases: tuple[str, ...] = ()  # a user's variable that stood in for one of ours
     warnings: tuple[str, ...] = field(default=())
 
 
 def version_tuple(text: str | None) -> tuple[int, int, int] | None:
-    """(1, 13, 2) from '1.13.2-aws', '1.22.0amzn4.0', '2.9.0+cu130'; None if not a version."""
+    """(1, 13, 2) from '1.13.2-aws', '1.22.0amzn4.0', '2.9.0+cu130'; None if not a version.
+    The one parse of a version: torch's (torchrun.Torchrun), the EFA software's, the kernel's."""
     match = _VERSION.search(text or "")
     if not match:
         return None
     return int(match.group(1)), int(match.group(2)), int(match.group(3) or 0)
-
-
-def _mib(size: int) -> str:
-    return f"{size / (1 << 30):.1f} GiB" if size >= 1 << 30 else f"{size // (1 << 20)} MiB"
-
-
-def shm_warning(shm_bytes: int | None) -> str | None:
-    """One line naming the size of /dev/shm and the fix, when it is too small."""
-    if shm_bytes is None or shm_bytes >= SHM_MIN_BYTES:
-        return None
-    return (
-        f"/dev/shm is {_mib(shm_bytes)}, below {_mib(SHM_MIN_BYTES)}: NCCL (between the GPUs of "
-        "one host) and DataLoader workers keep data there and die with 'Bus error' or 'No "
-        "space left on device' when it fills; start the container with --shm-size=1g (or more) "
-        "or --ipc=host"
-    )
 
 
 def threads(
@@ -112,21 +100,21 @@ def threads(
 
 
 def flight_recorder(
-    torch_version: str | None, run_dir: str, gpu: bool = True
-) -> dict[str, tuple[str, str]]:
+    torch_version: str | None, trace_prefix: str, gpu: bool = True
+) -> dict[str, Env]:
     """Only the flight-recorder variables that change something in this torch, under the one
     name it reads without a deprecation warning (torch 2.11 warns at every process group's start
     about each legacy TORCH_NCCL_* name it finds). The recorder holds each rank's collectives
     for the hang report (flight_recorder.py asks every rank for them); torch 2.9+ records gloo's
     too, so CPU hosts get the ring buffer; the dump torch writes by itself on a collective
-    timeout is NCCL's only."""
+    timeout is NCCL's only, written to `<trace_prefix><rank>` (RunDir.nccl_trace_prefix)."""
     release = version_tuple(torch_version)
     if release is None:
         return {}
     short = release[:2]
     label = f"torch {release[0]}.{release[1]}"
     modern = short >= FR_NAMES_SINCE
-    env: dict[str, tuple[str, str]] = {}
+    env: dict[str, Env] = {}
     if short < FR_BUFFER_DEFAULT_ON and (gpu or modern):
         name = "TORCH_FR_BUFFER_SIZE" if modern else "TORCH_NCCL_TRACE_BUFFER_SIZE"
         env[name] = (
@@ -143,7 +131,7 @@ def flight_recorder(
         )
     name = "TORCH_FR_DUMP_TEMP_FILE" if modern else "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"
     env[name] = (
-        f"{run_dir}/nccl_trace_rank_",
+        trace_prefix,
         "NCCL's own dump on a collective timeout kept with the job's output "
         f"(read by {label} under this name)",
     )
@@ -157,10 +145,10 @@ def efa_preset(
     libfabric_version: str | None,
     kernel_release: str | None,
     instance_type: str | None,
-) -> tuple[dict[str, tuple[str, str]], list[str]]:
+) -> tuple[dict[str, Env], list[str]]:
     """The EFA cheatsheet's preset for the plugin and libfabric in this image; never
     RDMAV_FORK_SAFE (the cheatsheet: do not use, it breaks things on newer kernels)."""
-    env: dict[str, tuple[str, str]] = {}
+    env: dict[str, Env] = {}
     warnings: list[str] = []
     if not efa_devices:
         return env, warnings
@@ -200,6 +188,54 @@ def efa_preset(
     return env, warnings
 
 
+def _interface_env(topology: Topology, interfaces: tuple[str, ...] | None) -> dict[str, Env]:
+    """The interface resourceconfig.json names, for NCCL and gloo, where this host has it."""
+    interface = topology.network_interface
+    if not interface or (interfaces is not None and interface not in interfaces):
+        # SDK v3 local mode names 'ethwe', which its containers lack; NCCL and gloo would fail
+        # on it, so they are left to pick the interface themselves
+        return {}
+    reason = "interface named by resourceconfig.json"
+    return {name: (interface, reason) for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")}
+
+
+def _nccl_env(current_host: str, nccl_conf: Mapping[str, str] | None) -> dict[str, Env]:
+    """NCCL's host identity and log level on a GPU host."""
+    file_level = (nccl_conf or {}).get("NCCL_DEBUG")
+    return {
+        "NCCL_HOSTID": (
+            current_host,
+            "host identity for NCCL: ranks on different hosts are never taken for one host "
+            "(replaces the DLC's LD_PRELOAD gethostname shim)",
+        ),
+        "NCCL_DEBUG": (
+            "WARN",
+            "NCCL warnings only"
+            + (
+                f", instead of NCCL_DEBUG={file_level} from /etc/nccl.conf (NCCL reads the file "
+                "only for variables not in the environment)"
+                if file_level and file_level.upper() != "WARN"
+                else " (as the incumbent sets it)"
+            ),
+        ),
+    }
+
+
+def _without_aliases(
+    env: dict[str, Env], environ: Mapping[str, str]
+) -> tuple[dict[str, Env], tuple[str, ...]]:
+    """`env` less each variable the user set under another of torch's names for it (`ALIASES`),
+    and those names of theirs, sorted."""
+    aliases: set[str] = set()
+    kept = dict(env)
+    for name in env:
+        theirs = [a for a in ALIASES.get(name, ()) if a != name and a in environ]
+        if theirs and name not in environ:
+            del kept[name]
+            aliases.update(theirs)
+    return kept, tuple(sorted(aliases))
+
+
 def worker_env(
     *,
     topology: Topology,
@@ -208,7 +244,7 @@ def worker_env(
     interfaces: tuple[str, ...] | None,
     cpu_count: int,
     workers_per_host: int,
-    run_dir: str,
+    run_dir: RunDir,
     environ: Mapping[str, str] | None = None,
     torch_version: str | None = None,
     physical_cores: int | None = None,
@@ -220,15 +256,8 @@ def worker_env(
 ) -> Defaults:
     """The workers' defaults: name -> (value, reason), the user's aliases that replaced one,
     and warnings for the plan."""
-    environ = environ or {}
-    env: dict[str, tuple[str, str]] = {}
+    env = _interface_env(topology, interfaces)
     warnings: list[str] = []
-    interface = topology.network_interface
-    if interface and (interfaces is None or interface in interfaces):
-        for name in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"):
-            env[name] = (interface, "interface named by resourceconfig.json")
-    # else: SDK v3 local mode names 'ethwe', which its containers lack; NCCL and gloo would
-    # fail on it, so they are left to pick the interface themselves
     env["OMP_NUM_THREADS"] = threads(
         gpu_count=gpu_count,
         cpu_count=cpu_count,
@@ -236,22 +265,7 @@ def worker_env(
         workers=workers_per_host,
     )
     if gpu_count:
-        env["NCCL_HOSTID"] = (
-            topology.current_host,
-            "host identity for NCCL: ranks on different hosts are never taken for one host "
-            "(replaces the DLC's LD_PRELOAD gethostname shim)",
-        )
-        file_level = (nccl_conf or {}).get("NCCL_DEBUG")
-        env["NCCL_DEBUG"] = (
-            "WARN",
-            "NCCL warnings only"
-            + (
-                f", instead of NCCL_DEBUG={file_level} from /etc/nccl.conf (NCCL reads the file "
-                "only for variables not in the environment)"
-                if file_level and file_level.upper() != "WARN"
-                else " (as the incumbent sets it)"
-            ),
-        )
+        env.update(_nccl_env(topology.current_host, nccl_conf))
         preset, efa_warnings = efa_preset(
             efa_devices=efa_devices,
             ofi_nccl_version=ofi_nccl_version,
@@ -264,14 +278,9 @@ def worker_env(
     else:
         for name, value in CPU_DDP_ENV.items():
             env[name] = (value, "no GPU: HF Trainer/Accelerate run DDP on gloo")
-    env.update(flight_recorder(torch_version, run_dir, gpu=bool(gpu_count)))
-    shm = shm_warning(shm_bytes)
-    if shm:
-        warnings.append(shm)
-    aliases: set[str] = set()
-    for name in list(env):
-        theirs = [a for a in ALIASES.get(name, ()) if a != name and a in environ]
-        if theirs and name not in environ:
-            del env[name]
-            aliases.update(theirs)
-    return Defaults(env, tuple(sorted(aliases)), tuple(warnings))
+    env.update(flight_recorder(torch_version, run_dir.nccl_trace_prefix, gpu=bool(gpu_count)))
+    small = shm.warning(shm_bytes)
+    if small:
+        warnings.append(small)
+    env, aliases = _without_aliases(env, environ or {})
+    return Defaults(env, aliases, tuple(warnings))

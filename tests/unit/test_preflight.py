@@ -1,24 +1,28 @@
 """The preflight's decisions, without GPUs: the deadline's report from each rank's stage, the
-exact matmul operands (TF32 and bf16 simulated on the CPU), bus bandwidth, and what NCCL's
-debug lines say about EFA. Fakes: a dict standing in for the job's TCPStore, NCCL_DEBUG=INFO
-lines as NCCL and aws-ofi-nccl print them."""
+exact matmul operands (TF32 and bf16 simulated on the CPU), bus bandwidth, what NCCL's debug
+lines say about EFA, and torch's view of the GPUs (the probe, in this process). Fakes: a dict
+standing in for the job's TCPStore, NCCL_DEBUG=INFO lines as NCCL and aws-ofi-nccl print them."""
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
 
-from container_entry import preflight
-from container_entry.preflight import (
-    Progress,
+from container_entry import preflight, preflight_checks, preflight_progress, torch_gpus
+from container_entry.exits import ExitCode
+from container_entry.preflight_checks import (
+    PreflightError,
     bus_bandwidth,
-    describe_probe,
     exact_operands,
-    laggards,
+    fail,
     nccl_network,
     ofi_problem,
+    print_failure,
 )
+from container_entry.preflight_progress import STAGE_KEY, Progress, laggards
+from container_entry.torch_gpus import describe_probe
 
 
 def stage(name, host, local, at=0.0):
@@ -58,7 +62,7 @@ class FakeStore:
     """Stands in for the job's TCPStore (check/get/set on keys)."""
 
     def __init__(self, records):
-        self.data = {preflight.STAGE_KEY + str(r): json.dumps(v) for r, v in records.items()}
+        self.data = {STAGE_KEY + str(r): json.dumps(v) for r, v in records.items()}
 
     def check(self, keys):
         return all(key in self.data for key in keys)
@@ -71,7 +75,7 @@ class FakeStore:
 
 
 def test_watchdog_reports_from_the_store_and_exits(capsys, monkeypatch):
-    monkeypatch.setattr(preflight, "GRACE", 0.0)
+    monkeypatch.setattr(preflight_progress, "GRACE", 0.0)
     store = FakeStore({0: stage("join", "algo-1", 0, time.time()), 1: None})
     progress = Progress(rank=0, local_rank=0, host="algo-1", deadline=0.2)
     progress.store, progress.world, progress.stage = store, 2, "join"
@@ -80,12 +84,14 @@ def test_watchdog_reports_from_the_store_and_exits(capsys, monkeypatch):
     assert codes == [3]  # a peer never joined (README exit codes)
     err = capsys.readouterr().err
     assert "Traceback (most recent call last):" in err  # the worker parses it as the exception
-    assert "PreflightError: preflight check 'deadline' failed on host ?: no progress within" in err
+    # the worker takes the last line for the exception: the class by its own name
+    said = "\nPreflightError: preflight check 'deadline' failed on host ?: no progress within"
+    assert said in err
     assert "rank 1 never reported" in err
 
 
 def test_watchdog_gives_ranks_that_joined_a_grace_period(monkeypatch):
-    monkeypatch.setattr(preflight, "GRACE", 30.0)
+    monkeypatch.setattr(preflight_progress, "GRACE", 30.0)
     joined = Progress(rank=0, local_rank=0, host="algo-1", deadline=0.1)
     joined.stage = "join"
     behind = Progress(rank=1, local_rank=1, host="algo-1", deadline=0.1)
@@ -106,11 +112,11 @@ def test_watchdog_without_a_store_says_so(capsys):
 
 
 def test_stall_hook_only_for_its_rank_and_stage(monkeypatch):
-    monkeypatch.setenv(preflight.STALL_ENV, "3:gpu-count")
+    monkeypatch.setenv(preflight_progress.STALL_ENV, "3:gpu-count")
     progress = Progress(rank=1, local_rank=1, host="h", deadline=10)
     progress.store = FakeStore({})
     progress.enter("gpu-count")  # rank 1: no stall
-    assert json.loads(progress.store.data[preflight.STAGE_KEY + "1"])["stage"] == "gpu-count"
+    assert json.loads(progress.store.data[STAGE_KEY + "1"])["stage"] == "gpu-count"
 
 
 @pytest.mark.parametrize("size", [256, 1024])
@@ -192,23 +198,24 @@ class _Statvfs:
 
 @pytest.mark.parametrize(("size", "warned"), [(64 << 20, True), (1 << 30, False), (8 << 30, False)])
 def test_the_preflight_warns_about_a_small_dev_shm(monkeypatch, size, warned):
-    from container_entry import preflight
+    from container_entry import shm
 
-    monkeypatch.setattr(preflight.os, "statvfs", lambda path: _Statvfs(size))
-    line = preflight.shm_line("algo-2")
+    monkeypatch.setattr(shm.os, "statvfs", lambda path: _Statvfs(size))
+    line = preflight_checks.shm_line("algo-2")
     if not warned:
         assert line is None
-    else:
-        assert line is not None and line.startswith("preflight warning on algo-2: /dev/shm is 64")
-        assert "--shm-size=1g or --ipc=host" in line
+    else:  # the plan's warning (container_entry.shm), on each host
+        assert line == f"preflight warning on algo-2: {shm.warning(size)}"
+        assert line.startswith("preflight warning on algo-2: /dev/shm is 64 MiB")
+        assert "--shm-size=1g (or more) or --ipc=host" in line
 
 
 def test_stage_seconds_says_where_the_pass_spent_its_time():
     marks = [("import", 10.0), ("connect", 11.25), ("gpu-count", 11.3), ("join", 11.302)]
-    assert preflight.stage_seconds(marks, 11.5) == (
+    assert preflight_progress.stage_seconds(marks, 11.5) == (
         "in 1.50 s: import 1.25 s, connect 0.05 s, join 0.20 s"  # gpu-count: 2 ms, left out
     )
-    assert preflight.stage_seconds([("import", 5.0)], 5.001) == "in 0.00 s"
+    assert preflight_progress.stage_seconds([("import", 5.0)], 5.001) == "in 0.00 s"
 
 
 def test_progress_marks_each_stage_once_in_order():
@@ -218,3 +225,57 @@ def test_progress_marks_each_stage_once_in_order():
     assert [stage for stage, _ in progress.marks] == ["import", "connect", "gpu-count", "join"]
     times = [at for _, at in progress.marks]
     assert times == sorted(times)
+
+
+def test_exit_codes_are_the_containers():
+    """A GPU check fails as this host's GPUs (4), the deadline as a peer that never joined (3),
+    any other check 1: the README's exit codes, from exits.ExitCode."""
+    assert fail("gpu-count", "h", "x").exit_code == ExitCode.DEVICE == 4
+    assert fail("gpu-matmul", "h", "x").exit_code == ExitCode.DEVICE
+    assert fail("deadline", "h", "x").exit_code == ExitCode.NETWORK == 3
+    assert fail("efa-network", "h", "x").exit_code == ExitCode.FAILED == 1
+    assert str(fail("all-reduce", "algo-2", "sum 2.0 instead of 3.0")) == (
+        "preflight check 'all-reduce' failed on host algo-2: sum 2.0 instead of 3.0"
+    )
+
+
+def test_a_failure_prints_the_traceback_the_worker_parses(capsys):
+    from container_entry.worker import parse_exception
+
+    try:
+        raise fail("gpu-count", "algo-1", "the plan counted 8 GPUs, torch sees 0")
+    except PreflightError as error:
+        print_failure(error)
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):")
+    assert parse_exception(err.splitlines()) == {
+        "type": "PreflightError",
+        "message": "preflight check 'gpu-count' failed on host algo-1: the plan counted 8 GPUs, "
+        "torch sees 0",
+    }
+
+
+def test_rank_from_torchruns_variables():
+    environ = {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}
+    environ[preflight.EXPECTED_GPUS_ENV] = "4"
+    assert preflight.Rank.from_environ({**environ, "CURRENT_HOST": "algo-2"}) == preflight.Rank(
+        host="algo-2", rank=5, local_rank=1, world=8, local_world=4, expected=4
+    )
+    bare = preflight.Rank.from_environ({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"})
+    assert (bare.host, bare.local_world, bare.expected) == ("localhost", 1, 0)
+
+
+def test_the_probe_is_torchs_view_in_this_process():
+    """The program check_visible_gpus runs, called here: this venv's torch (no GPU here)."""
+    found = torch_gpus.probe()
+    assert found["torch"] == torch.__version__ and found["count"] == torch.cuda.device_count()
+    assert isinstance(found["warnings"], list)
+    assert json.loads(json.dumps(found)) == found  # one JSON line
+    assert describe_probe(found, found["count"]) is None
+
+
+def test_the_preflight_and_the_probe_are_files_the_plan_and_the_check_run():
+    from container_entry.plan import PREFLIGHT_SCRIPT
+
+    assert Path(preflight.__file__).resolve() == Path(PREFLIGHT_SCRIPT)
+    assert Path(torch_gpus.__file__).resolve() == Path(torch_gpus.PROGRAM).resolve()

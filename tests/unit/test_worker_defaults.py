@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
+from container_entry import shm
 from container_entry.environment import (
     read_efa_devices,
     read_efa_software,
     read_nccl_conf,
     read_physical_cores,
-    read_shm_bytes,
 )
 from container_entry.plan import build_plan
-from container_entry.worker_defaults import flight_recorder, shm_warning, version_tuple
+from container_entry.worker_defaults import flight_recorder, version_tuple
 from tests.unit.conftest import NVIDIA_SMI_4, make_env
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "worker-defaults-efa.json"
@@ -238,7 +238,7 @@ def test_async_error_handling_is_left_to_torch():
     ],
 )
 def test_flight_recorder_only_what_changes_something(version, gpu, expected):
-    env = flight_recorder(version, "/run", gpu=gpu)
+    env = flight_recorder(version, "/run/nccl_trace_rank_", gpu=gpu)
     assert set(env) == expected
     # never a name torch 2.11+ calls deprecated, never the debug-info pipe (not used)
     if (version_tuple(version) or (0,)) >= (2, 9):
@@ -287,12 +287,14 @@ def test_small_shm_is_a_plan_warning_naming_size_and_fix():
     assert "--shm-size=1g" in plan.warnings[0] and "--ipc=host" in plan.warnings[0]
     assert "warning     /dev/shm is 64 MiB" in plan.summary()
     assert not plan.problems
-    assert shm_warning(8 << 30) is None and shm_warning(None) is None
+    assert shm.warning(8 << 30) is None and shm.warning(None) is None
+    assert shm.warning(64 << 20) == plan.warnings[0]  # one text, the preflight's too
 
 
 def test_shm_size_is_read_with_statvfs(tmp_path):
-    assert read_shm_bytes(str(tmp_path)) > 0
-    assert read_shm_bytes(str(tmp_path / "absent")) is None
+    assert shm.read_bytes(str(tmp_path)) > 0
+    assert shm.read_bytes(str(tmp_path / "absent")) is None
+    assert shm.too_small(64 << 20) and not shm.too_small(1 << 30) and not shm.too_small(None)
 
 
 def fake_cpus(root, topology):
