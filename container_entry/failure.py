@@ -7,12 +7,13 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from container_entry.environment import read_shm_bytes
 from container_entry.exits import signal_name
 from container_entry.layout import RunDir
 from container_entry.records import RankRecord
-from container_entry.text import escaped
-from container_entry.worker_defaults import SHM_MIN_BYTES
+from container_entry.shm import HINT as _SHM
+from container_entry.shm import read_bytes as read_shm_bytes
+from container_entry.shm import too_small
+from container_entry.text import escaped, names_host
 
 
 def describe_exit(code: int) -> str:
@@ -23,10 +24,6 @@ def describe_exit(code: int) -> str:
     return f"exit code {code}"
 
 
-_SHM = (
-    "shared memory (/dev/shm) too small: run the container with --shm-size=1g (or more) or "
-    "--ipc=host"
-)
 _WATCHDOG = (
     "Watchdog caught collective operation timeout",
     "collective operation timeout",
@@ -48,8 +45,7 @@ _UNNAMED_ENOSPC = re.compile(r"No space left on device(?!: ['\"/])")
 
 def shm_is_small(path: str = "/dev/shm") -> bool:
     """This container's /dev/shm is below the size the plan warns about (docker's 64 MiB)."""
-    size = read_shm_bytes(path)
-    return size is not None and size < SHM_MIN_BYTES
+    return too_small(read_shm_bytes(path))
 
 
 # (matches(text, exit code), advice), most specific first: a signature in what the rank printed
@@ -147,16 +143,11 @@ def permanent(record: RankRecord) -> str | None:
     return None
 
 
-def _names_host(text: str, host: str) -> bool:
-    """Whether `text` already names `host` as a word (algo-1 is not named by algo-10)."""
-    return re.search(rf"(?<![\w.-]){re.escape(host)}(?![\w-])", text) is not None
-
-
 def describe_rank(record: RankRecord, restarts_allowed: bool = False) -> str:
     """'rank 3 (local 1) on algo-2: exit code 1: ValueError: planted'."""
     if record.rank is None:  # no rank's failure: the bootstrap's own, or a host that vanished
         what = record.what or describe_exit(record.returncode)
-        if record.host is None or _names_host(what, record.host):
+        if record.host is None or names_host(what, record.host):
             return what  # it says in its own words which host
         return f"{record.host}: {what}"
     text = (

@@ -33,10 +33,10 @@ from container_entry.layout import RunDir
 from container_entry.logs import log, register_secrets
 from container_entry.outcome import Outcome
 from container_entry.plan import Plan, build_plan
-from container_entry.preflight import check_visible_gpus
 from container_entry.records import RankRecord
 from container_entry.stopping import Stop
 from container_entry.supervisor import Supervisor
+from container_entry.torch_gpus import check_visible_gpus
 from container_entry.torchrun_process import Prestarted, child_environment
 
 # for the master's word on which failure was the job's first: it answers a post within a round

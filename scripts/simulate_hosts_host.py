@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from subprocess import Popen
 
-from container_entry.plan import run_dir
+from container_entry.layout import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -58,7 +58,7 @@ class Host:
 
     @property
     def run_dir(self) -> Path:
-        return run_dir(self.base)
+        return RunDir.of(self.base).path
 
     def read(self, name: str) -> dict | None:
         try:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 import socket
 import threading
 import time
@@ -39,6 +38,7 @@ from container_entry.side_channel.messages import (
 from container_entry.side_channel.quota import Quota
 from container_entry.side_channel.schema import fitted
 from container_entry.side_channel.wire import MEMBER_LINE_LIMIT, Invalid, Kind, Lines, encode, parse
+from container_entry.text import names_host
 
 CONNECT_RETRY = 0.5  # at most this many seconds between tries to reach the master's side channel
 
@@ -336,12 +336,9 @@ def _idle(idle: Callable[[], float] | None) -> float | None:
 
 
 def words(failure: RankRecord) -> str:
-    """A relayed failure as one phrase naming its host (as failure.describe_rank does, which
-    this module does not import: it would pull in the whole plan)."""
+    """A relayed failure as one phrase naming its host, for a host that started no worker."""
     if failure.rank is not None:
         return f"rank {failure.rank} on {failure.host} failed (exit code {failure.returncode})"
     what = failure.what or f"exit code {failure.returncode}"
-    named = failure.host is None or re.search(
-        rf"(?<![\w.-]){re.escape(failure.host)}(?![\w-])", what
-    )
+    named = failure.host is None or names_host(what, failure.host)
     return what if named else f"{failure.host}: {what}"
