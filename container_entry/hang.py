@@ -7,8 +7,15 @@ What counts as a sign of life on a host: any line a rank printed (its wrapper ap
 touch of the progress file (`CONTAINER_ENTRY_PROGRESS_FILE`, or `report_progress()` below) by
 a script that works quietly. One host decides alone; several hosts send their idle seconds with
 each heartbeat and the master declares the hang only when every host is idle
-(coordination.Coordinator). Stdlib only, no side effects on import: user scripts import
+(side_channel.liveness). Stdlib only, no side effects on import: user scripts import
 `report_progress` from here.
+
+HANG_TIMEOUT=auto (the default) watches multi-host jobs (`Silence`): once every host's ranks
+printed (start-up, a model download, is never a hang), the job is hung when it has been silent
+for max(AUTO_FLOOR, AUTO_FACTOR x the longest silence it already came back from): a job that
+prints every few seconds is hung after 30 minutes of silence, one that once checkpointed
+silently for 20 minutes only after an hour. A single host is not watched unless HANG_TIMEOUT is
+set (NCCL's own watchdog ends a hung collective there).
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ from container_entry.layout import RunDir
 
 PROGRESS_ENV = "CONTAINER_ENTRY_PROGRESS_FILE"
 CHECK_SECONDS = 1.0  # how often a host measures its idle time
+AUTO_FLOOR = 1800.0  # seconds: HANG_TIMEOUT=auto never declares a shorter silence a hang
+AUTO_FACTOR = 3.0  # x the longest silence the job came back from
 
 
 def report_progress() -> None:
@@ -61,6 +70,7 @@ class Activity:
         self.since = time.time()  # the launch: start-up counts as activity
         self._checked = 0.0
         self._idle = 0.0
+        self.printed = False  # a rank printed or reported progress since the launch
 
     def idle(self) -> float:
         """Seconds since the last line or progress report of any local rank (re-measured at
@@ -73,5 +83,35 @@ class Activity:
             for path in paths:
                 with contextlib.suppress(OSError):
                     latest = max(latest, os.stat(path).st_mtime)
+            self.printed = self.printed or latest > self.since
             self._checked, self._idle = now, max(0.0, now - latest)
         return self._idle + (now - self._checked)
+
+    def idle_since_printing(self) -> float | None:
+        """`idle`, or None while no rank printed yet (HANG_TIMEOUT=auto waits for that)."""
+        idle = self.idle()
+        return idle if self.printed else None
+
+
+class Silence:
+    """The job's silence as the master sees it (the least idle of its hosts, every second) and
+    the timeout it allows: HANG_TIMEOUT's seconds, or for `auto` (None) max(AUTO_FLOOR,
+    AUTO_FACTOR x the longest silence the job already came back from)."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self.fixed = timeout
+        self.current = 0.0
+        self.longest = 0.0  # the longest silence that ended in output
+
+    def timeout(self) -> float:
+        if self.fixed is not None:
+            return self.fixed
+        return max(AUTO_FLOOR, AUTO_FACTOR * self.longest)
+
+    def hung(self, silence: float) -> bool:
+        """Whether `silence` (now) is a hang; also learns from it."""
+        if silence < self.current:  # output came: that silence ended
+            self.longest = max(self.longest, self.current)
+        self.current = silence
+        timeout = self.timeout()
+        return bool(timeout) and silence >= timeout

@@ -25,7 +25,7 @@ from container_entry import contract, gpus, hyperparameters, settings, torchrun
 from container_entry.cluster import Topology, resolve_topology
 from container_entry.code_source import UNRESOLVED, CodeSource, entry_program, locate_code
 from container_entry.environment import Environment
-from container_entry.hang import PROGRESS_ENV
+from container_entry.hang import AUTO_FACTOR, AUTO_FLOOR, PROGRESS_ENV
 from container_entry.layout import RunDir
 from container_entry.masking import MASK, Masker, argv_pairs, is_secret_name, secret_values
 from container_entry.settings import Settings
@@ -139,10 +139,17 @@ class Plan:
             f"arguments   {' '.join(self.command[1:]) or '-'}",
             f"env added   {sm_count} SM_* + {env_names or '-'}",
         ]
-        if self.settings.hang_timeout:
+        timeout = self.settings.hang_timeout
+        if timeout:
             lines.append(
-                f"hang        declared after {self.settings.hang_timeout:g} s with no output "
+                f"hang        declared after {timeout:g} s with no output "
                 "from any rank (HANG_TIMEOUT; exit 124)"
+            )
+        elif timeout is None and len(topology.hosts) > 1:
+            lines.append(
+                f"hang        declared after max({AUTO_FLOOR / 60:g} min, {AUTO_FACTOR:g} x the "
+                "longest silence the job came back from) with no output from any rank on any "
+                "host, once every host printed (HANG_TIMEOUT=auto; 0: off; exit 124)"
             )
         if self.user_env_kept:
             lines.append(f"env kept    {' '.join(self.user_env_kept)} (already set: left as is)")

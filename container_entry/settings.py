@@ -46,6 +46,13 @@ def _seconds_or_off(value: str) -> float:
     return number
 
 
+def _seconds_off_or_auto(value: str) -> float | None:
+    """HANG_TIMEOUT: `auto` (None: decided from the job's own output, hang.Silence) or seconds."""
+    if value.strip().lower() == "auto":
+        return None
+    return _seconds_or_off(value)
+
+
 def _count(value: str) -> int:
     number = int(value)
     if number < 0:
@@ -118,11 +125,13 @@ class Settings:
     failure_grace_period: float = _setting(
         5.0, _seconds, "seconds ranks get to exit once a rank on any host failed"
     )
-    hang_timeout: float = _setting(
-        0.0,
-        _seconds_or_off,
+    hang_timeout: float | None = _setting(
+        None,
+        _seconds_off_or_auto,
         "seconds with no output line and no progress report from any rank on any host before "
-        "the job is declared hung: stacks recorded, every host stopped, exit 124; `0`: off",
+        "the job is declared hung: stacks recorded, every host stopped, exit 124; `0`: off; "
+        "`auto`: multi-host jobs, max(30 min, 3 x the longest silence the job came back from), "
+        "once every host printed",
     )
     console_ranks: str = _setting(
         "all", _ranks, "ranks whose lines reach stdout: `all` or e.g. `0`"
@@ -159,6 +168,8 @@ def table() -> list[tuple[str, str, str]]:
             if isinstance(default, bool)
             else f"{default:g}"
             if isinstance(default, float)
+            else "auto"
+            if default is None
             else str(default)
         )
         rows.append((field.name.upper(), shown, field.metadata["doc"]))

@@ -97,10 +97,11 @@ class Supervisor:
             console_stderr=self.output.worker_stderr(),
         ).write(self.control.command)
         self.stop.raising = False
-        if self.settings.hang_timeout:
-            self.activity = Activity(self.run_dir, self._effective(PROGRESS_ENV))
+        timeout = self.settings.hang_timeout  # None: auto, which watches several hosts only
+        if timeout or (timeout is None and self.member):
+            activity = self.activity = Activity(self.run_dir, self._effective(PROGRESS_ENV))
             if self.member:  # several hosts: the master decides, from every host's idle time
-                self.member.idle = self.activity.idle
+                self.member.idle = activity.idle if timeout else activity.idle_since_printing
         env = child_environment(self.plan, self.environ, self.control)
         if self.prestarted is not None:
             return self.prestarted.launch(self.plan.argv, env, self.plan.code.code_dir)
@@ -173,7 +174,7 @@ class Supervisor:
             lost_master=lost,
             relayed=relayed,
             idle=self.activity.idle() if alone and self.activity else None,
-            hang_timeout=self.settings.hang_timeout,
+            hang_timeout=self.settings.hang_timeout or 0.0,  # one host: auto is off
             host=self.plan.topology.current_host,
         )
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 
 from container_entry.exits import ExitCode
-from container_entry.hang import hung_text
+from container_entry.hang import Silence, hung_text
 from container_entry.records import RankRecord
 from container_entry.side_channel.messages import MemberBeat
 from container_entry.side_channel.peer import Peer
@@ -85,12 +85,13 @@ def vanished_text(host: str, detail: str) -> str:
 
 class Liveness:
     """The master's watch over its connections: a peer silent for `timeout` is gone; each
-    host's beats give its ranks' idle time and its clock's skew; with a `hang_timeout` (0:
-    none), the job hung when every host still running its job has been idle that long."""
+    host's beats give its ranks' idle time and its clock's skew; the job hung when every host
+    still running its job has been idle longer than the hang timeout allows (`hang.Silence`:
+    HANG_TIMEOUT's seconds, 0 none, None auto)."""
 
-    def __init__(self, timeout: float, hang_timeout: float, hosts: int) -> None:
+    def __init__(self, timeout: float, hang_timeout: float | None, hosts: int) -> None:
         self.timeout = timeout
-        self.hang_timeout = hang_timeout
+        self.silence = Silence(hang_timeout)
         self.hosts = hosts
 
     def silent(self, peer: Peer, now: float) -> str | None:
@@ -109,12 +110,11 @@ class Liveness:
     def hung(self, hosts: Sequence[Peer]) -> RankRecord | None:
         """The hang verdict, if every host still running its job has had no output from any
         rank for the hang timeout (a host still preparing, or done, is no evidence)."""
-        if not self.hang_timeout:
-            return None
         running = [p for p in hosts if not p.said_done]
-        if not running:
+        idle = [p.idle for p in running]
+        if not running or any(i is None for i in idle):
             return None
-        if any(p.idle is None or p.idle < self.hang_timeout for p in running):
+        if not self.silence.hung(min(i for i in idle if i is not None)):
             return None
-        what = hung_text(self.hang_timeout, self.hosts)
+        what = hung_text(self.silence.timeout(), self.hosts)
         return RankRecord(host=None, rank=None, returncode=ExitCode.HUNG, what=what)

@@ -55,7 +55,7 @@ class Coordinator:
         *,
         liveness_timeout: float = LIVENESS_TIMEOUT,
         interval: float = HEARTBEAT_INTERVAL,
-        hang_timeout: float = 0.0,
+        hang_timeout: float | None = 0.0,
         key: bytes = b"",
         resolve: Callable[[str], Iterable[str]] | None = None,
         auth_timeout: float = admission.AUTH_TIMEOUT,

@@ -97,7 +97,8 @@ class Member:
         self.waiting_for: list[str] = []  # hosts the master still waited for at its last beat
         self.waiting_count = 0
         self.heard = 0.0
-        self.idle: Callable[[], float] | None = None  # set while this host's job runs
+        # set while this host's job runs; its value None: no evidence yet (no rank printed)
+        self.idle: Callable[[], float | None] | None = None
         self.quota = Quota()
         self._send_lock = threading.Lock()
         self._joined = False  # our join went out (nothing else goes before it)
@@ -327,12 +328,13 @@ class Member:
                 self.sock.close()
 
 
-def _idle(idle: Callable[[], float] | None) -> float | None:
-    """This host's ranks' silence for the beat, within the schema (None: no job running)."""
-    if idle is None:
+def _idle(idle: Callable[[], float | None] | None) -> float | None:
+    """This host's ranks' silence for the beat, within the schema (None: no job running, or no
+    rank printed yet where that is what counts)."""
+    value = idle() if idle is not None else None
+    if value is None or not math.isfinite(value):
         return None
-    value = idle()
-    return min(max(float(value), 0.0), 1e12) if math.isfinite(value) else None
+    return min(max(float(value), 0.0), 1e12)
 
 
 def words(failure: RankRecord) -> str:

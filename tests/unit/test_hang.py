@@ -18,8 +18,10 @@ from container_entry.coordination import Coordinator, Member
 from container_entry.errors import ConfigError
 from container_entry.exits import ExitCode
 from container_entry.hang import (
+    AUTO_FLOOR,
     PROGRESS_ENV,
     Activity,
+    Silence,
     hung_text,
     is_hang,
     report_progress,
@@ -149,10 +151,46 @@ def test_a_bad_hang_timeout_is_one_line_naming_it(raw):
 
 
 def test_hang_timeout_from_env_or_hyperparameter_and_the_progress_variable_is_not_a_setting():
-    assert settings.resolve({}, {}).hang_timeout == 0.0
+    assert settings.resolve({}, {}).hang_timeout is None  # auto
+    assert settings.resolve({}, {"hang_timeout": "auto"}).hang_timeout is None
+    assert settings.resolve({}, {"hang_timeout": "0"}).hang_timeout == 0.0  # off
     assert settings.resolve({}, {"hang_timeout": "1800"}).hang_timeout == 1800.0
     environ = {"CONTAINER_ENTRY_HANG_TIMEOUT": "60", PROGRESS_ENV: "/x/progress"}
     assert settings.resolve(environ, {}).hang_timeout == 60.0
+
+
+def silent(policy: Silence, seconds: int, every: float = 1.0) -> bool:
+    """Feed `seconds` of silence, a sample per `every`, as the master does each second;
+    whether it was declared a hang; then output comes (the silence ends)."""
+    hung = any(policy.hung(t * every) for t in range(int(seconds / every) + 1))
+    policy.hung(0.0)
+    return hung
+
+
+def test_auto_never_calls_a_silence_under_30_minutes_a_hang_nor_a_longer_one_it_came_back_from():
+    """A job printing every second, with a 5-minute silent checkpoint, then a 20-minute silent
+    evaluation: none is a hang; after that 20-minute silence it takes an hour; a job that went
+    silent for good is declared hung at 30 minutes (no silence before it)."""
+    policy = Silence(None)
+    for _ in range(3):
+        assert not silent(policy, 2)  # steady output
+    assert not silent(policy, 300, every=10)  # the 5-minute checkpoint
+    assert policy.timeout() == AUTO_FLOOR
+    assert not silent(policy, 1200, every=10)  # a 20-minute evaluation
+    assert policy.timeout() == 3600.0
+    assert not any(policy.hung(t) for t in range(0, 3600, 10))
+    assert policy.hung(3600.0)
+    fresh = Silence(None)
+    assert not fresh.hung(AUTO_FLOOR - 1) and fresh.hung(AUTO_FLOOR)
+
+
+def test_a_set_timeout_is_fixed_whatever_the_job_came_back_from_and_zero_is_off():
+    policy = Silence(60.0)
+    assert silent(policy, 1200, every=10)  # hung at 60 s, not learnt from
+    assert policy.timeout() == 60.0
+    assert not policy.hung(59.0) and policy.hung(60.0)
+    off = Silence(0.0)
+    assert not silent(off, 1200, every=10) and not off.hung(1e9)
 
 
 def test_only_the_watchdog_s_own_record_is_a_hang():
