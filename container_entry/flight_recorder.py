@@ -1,10 +1,11 @@
 """Flight-recorder dumps of this host's ranks, asked for before a teardown (the hang watchdog).
 
 Each rank's Python serves dumps from a thread (_site/sitecustomize.py) blocked on a FIFO of its
-own in the launcher's control folder. Asking is one byte into each FIFO; the rank writes its
-records to `<run dir>/flight-recorder/rank-N.json` under a temporary name and renames it, so the
-launcher waits for the name alone (bounded: a rank whose GIL never comes back does not hold up
-the teardown). The FIFOs live in the control folder, removed with it when the launch ends.
+own in the launcher's control folder (layout.ControlDir.dump_request). Asking is one byte into
+each FIFO; the rank writes its records to its dump file in the run folder (layout.RunDir.dump)
+under a temporary name and renames it, so the launcher waits for the name alone (bounded: a rank
+whose GIL never comes back does not hold up the teardown). The FIFOs live in the control folder,
+removed with it when the launch ends.
 
 torch's own pipe (TORCH_NCCL_DEBUG_INFO_PIPE_FILE) is not used: only ProcessGroupNCCL watches it,
 it writes the dump in place with no sign of completion, and on an H200 (torch 2.11) no dump
@@ -20,36 +21,28 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from container_entry.layout import ControlDir, RunDir
+
 REQUEST_ENV = "_CONTAINER_ENTRY_DUMP_REQUEST"  # read (and removed) by _site/sitecustomize.py
 FILE_ENV = "_CONTAINER_ENTRY_DUMP_FILE"
 WAIT_SECONDS = 5.0  # for every asked rank's dump to land
-FOLDER = "flight-recorder"
 
 
-def request_path(control: Path, rank: int) -> Path:
-    return control / f"dump-rank-{rank}.fifo"
-
-
-def dump_path(run_dir: Path, rank: int) -> Path:
-    return run_dir / FOLDER / f"rank-{rank}.json"
-
-
-def listen(control: Path, run_dir: Path, rank: int) -> dict[str, str]:
+def listen(control: ControlDir, run: RunDir, rank: int) -> dict[str, str]:
     """The rank's FIFO and dump folder, made; the variables that hand them to its Python."""
-    request = request_path(control, rank)
+    request = control.dump_request(rank)
     with contextlib.suppress(FileExistsError):
         os.mkfifo(request, 0o600)
-    target = dump_path(run_dir, rank)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    return {REQUEST_ENV: str(request), FILE_ENV: str(target)}
+    run.dumps.mkdir(parents=True, exist_ok=True)
+    return {REQUEST_ENV: str(request), FILE_ENV: str(run.dump(rank))}
 
 
-def request(control: Path, ranks: Iterable[int]) -> list[int]:
+def request(control: ControlDir, ranks: Iterable[int]) -> list[int]:
     """One byte to each rank's FIFO; the ranks that were listening."""
     asked = []
     for rank in ranks:
         try:  # ENXIO: no reader (not a Python rank, or it exited)
-            fd = os.open(request_path(control, rank), os.O_WRONLY | os.O_NONBLOCK)
+            fd = os.open(control.dump_request(rank), os.O_WRONLY | os.O_NONBLOCK)
         except OSError:
             continue
         try:
@@ -63,14 +56,14 @@ def request(control: Path, ranks: Iterable[int]) -> list[int]:
 
 
 def collect(
-    control: Path, run_dir: Path, ranks: Iterable[int], timeout: float = WAIT_SECONDS
+    control: ControlDir, run: RunDir, ranks: Iterable[int], timeout: float = WAIT_SECONDS
 ) -> dict[int, Path]:
     """Ask every rank for a dump and wait until each asked rank's file is complete (or the
     timeout); {rank: dump file} of those that landed."""
     ranks = list(ranks)
     for rank in ranks:  # a dump of an earlier request must not pass for this one
-        dump_path(run_dir, rank).unlink(missing_ok=True)
-    pending = {rank: dump_path(run_dir, rank) for rank in request(control, ranks)}
+        run.dump(rank).unlink(missing_ok=True)
+    pending = {rank: run.dump(rank) for rank in request(control, ranks)}
     landed: dict[int, Path] = {}
     deadline = time.monotonic() + timeout
     while pending:

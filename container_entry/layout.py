@@ -106,6 +106,7 @@ class RunDir:
 
 
 CONTROL_ROOT = Path(tempfile.gettempdir()) / "container-entry"
+CONTROL_ENV = "_CONTAINER_ENTRY_CONTROL"  # tells each rank's wrapper its launch's ControlDir
 
 
 @dataclass(frozen=True)

@@ -26,9 +26,9 @@ def redact(text: str) -> str:
 
 def log(message: str) -> None:
     """Each line prefixed, masked, and written in one batch under the console's lock, so it
-    never lands inside a rank's line longer than a pipe takes at once (worker.locked_write)."""
+    never lands inside a rank's line longer than a pipe takes at once (console.locked_write)."""
+    from container_entry.console import locked_write
     from container_entry.text import encoded
-    from container_entry.worker import locked_write
 
     text = "".join(f"{PREFIX} {line}\n" for line in redact(message).splitlines() or [""])
     stream = sys.stderr

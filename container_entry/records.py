@@ -90,18 +90,35 @@ class Command:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or not isinstance(data.get("argv"), list):
             raise ValueError(f"{path}: not a command")
-        return cls(
-            argv=tuple(map(str, data["argv"])),
-            run_dir=str(data["run_dir"]),
-            preflight=tuple(map(str, data.get("preflight") or ())),
-            console_ranks=_ranks(data.get("console_ranks")),
-            secrets=tuple(map(str, data.get("secrets") or ())),
-            console_stderr=data.get("console_stderr"),
-        )
+        if "run_dir" not in data:
+            raise ValueError(f"{path}: no run_dir")
+        try:
+            return cls(
+                argv=tuple(map(str, data["argv"])),
+                run_dir=str(data["run_dir"]),
+                preflight=tuple(map(str, data.get("preflight") or ())),
+                console_ranks=_ranks(data.get("console_ranks")),
+                secrets=tuple(map(str, data.get("secrets") or ())),
+                console_stderr=data.get("console_stderr"),
+            )
+        except TypeError as error:  # a field of the wrong kind (a number for a list)
+            raise ValueError(f"{path}: not a command ({error})") from None
+
+    def shows(self, rank: int) -> bool:
+        """Whether this rank's lines reach the console (CONSOLE_RANKS); its log has them all."""
+        return self.console_ranks is None or rank in self.console_ranks
 
 
 def _ranks(value: Any) -> tuple[int, ...] | None:
-    return None if value is None else tuple(int(rank) for rank in value)
+    """The ranks shown on the console; None: all. The setting's own text (`all`, `0,2`), as a
+    launcher that does not parse it writes it, is parsed where the setting is (settings.py)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        from container_entry.settings import shown_ranks  # only then: the wrapper starts light
+
+        return shown_ranks(value)
+    return tuple(int(rank) for rank in value)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import subprocess
 from collections import deque
 
 from container_entry import logs
-from container_entry.worker import locked_write
+from container_entry.console import locked_write
 
 # argparse's last line when torchrun rejects its command line ("run.py: error: ...")
 USAGE_ERROR = re.compile(r"^(?:\S*run\.py|torchrun|\S+): error: (.+)$")

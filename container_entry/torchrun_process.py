@@ -14,11 +14,11 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from container_entry.layout import ControlDir
+from container_entry.console import write_all
+from container_entry.layout import CONTROL_ENV, ControlDir
 from container_entry.plan import Plan
 from container_entry.preflight import EXPECTED_GPUS_ENV
 from container_entry.torchrun import MODULE
-from container_entry.worker import CONTROL_ENV, write_all
 
 PROGRAM = str(Path(__file__).resolve().parent / "_torchrun_main.py")
 

@@ -1,6 +1,6 @@
 from container_entry.failure import describe_rank, hint, where
+from container_entry.rank_end import parse_exception
 from container_entry.records import RankRecord
-from container_entry.worker import parse_exception
 
 
 def record(**fields) -> RankRecord:

@@ -9,6 +9,7 @@ import threading
 import time
 
 from container_entry import flight_recorder
+from container_entry.layout import ControlDir, RunDir
 
 
 def reader(path, then=None):
@@ -26,13 +27,21 @@ def reader(path, then=None):
     return thread
 
 
+def folders(tmp_path) -> tuple[ControlDir, RunDir]:
+    control, run = ControlDir(tmp_path / "control"), RunDir(tmp_path / "run")
+    control.path.mkdir()
+    return control, run
+
+
 def test_a_request_reaches_listening_ranks_and_skips_the_others(tmp_path):
-    control, run_dir = tmp_path / "control", tmp_path / "run"
-    control.mkdir()
+    control, run = folders(tmp_path)
     for rank in (0, 1, 2):
-        env = flight_recorder.listen(control, run_dir, rank)
-        assert env[flight_recorder.REQUEST_ENV] == str(control / f"dump-rank-{rank}.fifo")
-    threads = [reader(control / f"dump-rank-{rank}.fifo") for rank in (0, 2)]
+        env = flight_recorder.listen(control, run, rank)
+        assert env[flight_recorder.REQUEST_ENV] == str(control.dump_request(rank))
+        assert env[flight_recorder.FILE_ENV] == str(run.dump(rank))
+        assert control.dump_request(rank).name == f"dump-rank-{rank}.fifo"
+    assert run.dumps.is_dir()
+    threads = [reader(control.dump_request(rank)) for rank in (0, 2)]
     assert flight_recorder.request(control, [0, 1, 2, 5]) == [0, 2]  # 1: no reader, 5: no FIFO
     for thread in threads:
         thread.join(timeout=5)
@@ -40,31 +49,30 @@ def test_a_request_reaches_listening_ranks_and_skips_the_others(tmp_path):
 
 
 def test_collect_waits_for_each_asked_rank_and_no_longer(tmp_path):
-    control, run_dir = tmp_path / "control", tmp_path / "run"
-    control.mkdir()
+    control, run = folders(tmp_path)
     for rank in (0, 1):
-        flight_recorder.listen(control, run_dir, rank)
-    stale = flight_recorder.dump_path(run_dir, 1)
+        flight_recorder.listen(control, run, rank)
+    stale = run.dump(1)
     stale.write_text("{}")  # from an earlier request: must not count for this one
 
     def answer(rank, delay):
         def write():
             time.sleep(delay)
-            target = flight_recorder.dump_path(run_dir, rank)
+            target = run.dump(rank)
             target.with_suffix(".tmp").write_text('{"recorders": {}}')
             os.replace(target.with_suffix(".tmp"), target)
 
         return write
 
-    reader(control / "dump-rank-0.fifo", answer(0, 0.2))
-    reader(control / "dump-rank-1.fifo", answer(1, 0.6))
+    reader(control.dump_request(0), answer(0, 0.2))
+    reader(control.dump_request(1), answer(1, 0.6))
     started = time.monotonic()
-    landed = flight_recorder.collect(control, run_dir, [0, 1], timeout=5.0)
+    landed = flight_recorder.collect(control, run, [0, 1], timeout=5.0)
     took = time.monotonic() - started
     assert set(landed) == {0, 1}
     assert 0.6 <= took < 2.0, took
 
-    reader(control / "dump-rank-0.fifo")  # listens, never answers (its GIL never comes back)
+    reader(control.dump_request(0))  # listens, never answers (its GIL never comes back)
     started = time.monotonic()
-    assert flight_recorder.collect(control, run_dir, [0], timeout=0.5) == {}
+    assert flight_recorder.collect(control, run, [0], timeout=0.5) == {}
     assert time.monotonic() - started < 1.5

@@ -20,13 +20,12 @@ from container_entry import logs
 from container_entry.ending import Ending, Kind, Observed, verdict
 from container_entry.exits import ExitCode
 from container_entry.hang import PROGRESS_ENV
-from container_entry.layout import ControlDir, RunDir
+from container_entry.layout import CONTROL_ENV, ControlDir, RunDir
 from container_entry.masking import MASK, Masker
 from container_entry.plan import build_plan
 from container_entry.preflight import EXPECTED_GPUS_ENV
 from container_entry.torchrun_output import TorchrunOutput
 from container_entry.torchrun_process import child_environment
-from container_entry.worker import CONTROL_ENV
 from container_entry.workers import Workers, catches
 from tests.unit.conftest import make_env
 from tests.unit.test_masking import CORE, TRICKY

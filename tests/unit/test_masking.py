@@ -25,8 +25,8 @@ from container_entry.masking import (
     secret_values,
 )
 from container_entry.plan import build_plan
+from container_entry.relay import Relay
 from container_entry.torchrun_output import TorchrunOutput
-from container_entry.worker import Relay
 from tests.unit.conftest import make_env
 
 SECRET_NAMES = [

@@ -240,7 +240,7 @@ def test_exit_codes_are_the_containers():
 
 
 def test_a_failure_prints_the_traceback_the_worker_parses(capsys):
-    from container_entry.worker import parse_exception
+    from container_entry.rank_end import parse_exception
 
     try:
         raise fail("gpu-count", "algo-1", "the plan counted 8 GPUs, torch sees 0")

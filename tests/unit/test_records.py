@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from container_entry.records import RankRecord, read_json, write_json
+from container_entry.records import Command, RankRecord, WorkerPids, read_json, write_json
 
 
 def test_a_record_survives_json_and_the_relay_keeps_only_what_names_the_failure(tmp_path):
@@ -71,3 +71,56 @@ def test_a_write_that_fails_leaves_nothing_behind(tmp_path):
     with pytest.raises(OSError):
         write_json(tmp_path / "ro" / "rank-0.json", {"rank": 0})
     assert [p.name for p in (tmp_path / "ro").iterdir()] == ["rank-0.json"]
+
+
+def test_the_command_file_round_trips_is_private_and_says_which_ranks_show(tmp_path):
+    command = Command(
+        argv=("train.py", "--lr", "0.1", "caf\udce9"),
+        run_dir="/opt/ml/output/data/container-entry",
+        preflight=("check.py",),
+        console_ranks=(0, 2),
+        secrets=("s3cret",),
+        console_stderr="/proc/1/fd/2",
+    )
+    path = tmp_path / "command.json"
+    command.write(path)
+    assert Command.read(path) == command
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert [rank for rank in range(4) if command.shows(rank)] == [0, 2]
+    assert Command(argv=("train.py",), run_dir="/run").shows(7)  # None: every rank
+
+
+@pytest.mark.parametrize(
+    ("written", "ranks"),
+    [(None, None), ([1, 3], (1, 3)), ("all", None), ("2,0", (0, 2))],
+)
+def test_the_ranks_shown_are_read_as_ranks_or_as_the_setting_s_text(tmp_path, written, ranks):
+    data = {"argv": ["train.py"], "run_dir": "/run", "console_ranks": written}
+    (tmp_path / "command.json").write_text(json.dumps(data))
+    assert Command.read(tmp_path / "command.json").console_ranks == ranks
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"argv": ["train.py"]',
+        '["train.py"]',
+        '{"run_dir": "/run"}',
+        '{"argv": ["train.py"]}',
+        '{"argv": ["train.py"], "run_dir": "/run", "preflight": 3}',
+        '{"argv": ["train.py"], "run_dir": "/run", "console_ranks": "some"}',
+    ],
+)
+def test_a_file_that_is_no_command_is_a_value_error(tmp_path, text):
+    (tmp_path / "command.json").write_text(text)
+    with pytest.raises(ValueError):
+        Command.read(tmp_path / "command.json")
+
+
+def test_a_pid_file_round_trips_and_a_foreign_one_reads_as_nothing(tmp_path):
+    pids = WorkerPids(rank=3, wrapper=100, child=101, host="algo-2")
+    pids.write(tmp_path / "rank-3.pid")
+    assert WorkerPids.read(tmp_path / "rank-3.pid") == pids
+    (tmp_path / "other.pid").write_text(json.dumps({"rank": 1, "wrapper": "x", "child": 2}))
+    assert WorkerPids.read(tmp_path / "other.pid") is None
+    assert WorkerPids.read(tmp_path / "missing.pid") is None

@@ -1,4 +1,5 @@
-"""The worker's line relay (container_entry.worker.Relay) on real pipes and files: how bytes
+"""The worker's line relay (container_entry.relay) and console (container_entry.console) on real
+pipes and files: how bytes
 become tagged lines, masked, in the log and on the console, whatever the reads cut."""
 
 from __future__ import annotations
@@ -14,19 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from container_entry import worker
+from container_entry import console as console_io
+from container_entry import relay as line_relay
+from container_entry.console import Console, atomic_size, console_stderr, locked_write, write_all
 from container_entry.masking import MASK, Masker
-from container_entry.worker import (
-    Console,
-    RankLog,
-    Relay,
-    atomic_size,
-    console_stderr,
-    write_all,
-)
+from container_entry.relay import RankLog, Relay
 
 PREFIX = b"[algo-1 rank 0] "
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+
+def patch_writes(monkeypatch, write) -> None:
+    """Every write of the relay's destinations, the console and the rank log, through `write`."""
+    for module in (console_io, line_relay):
+        monkeypatch.setattr(module, "write_fully", write)
 
 
 class Sinks:
@@ -83,7 +85,7 @@ def test_partial_lines_wait_for_their_end(sinks):
 
 def test_every_line_of_a_chunk_is_tagged_in_one_write(sinks, monkeypatch):
     writes: list[tuple[int, bytes]] = []
-    monkeypatch.setattr(worker, "write_fully", lambda fd, data: writes.append((fd, data)))
+    patch_writes(monkeypatch, lambda fd, data: writes.append((fd, data)))
     relay = sinks.relay()
     relay.feed(b"one\ntwo\nthree\n")
     assert writes == [
@@ -128,14 +130,14 @@ def test_lines_longer_than_a_pipe_read_arrive_whole(sinks):
 
 
 def test_a_line_longer_than_the_cap_goes_out_in_pieces_with_nothing_lost(sinks):
-    size = worker._LINE_BYTES * 2 + 10
+    size = line_relay._LINE_BYTES * 2 + 10
     relay = sinks.relay()
     through_pipe(relay, [b"y" * size, b"\nend\n"])
     logged = sinks.logged()
     assert logged.replace(b"\n", b"") == b"y" * size + b"end"
     pieces = logged.split(b"\n")[:-2]  # the line's pieces, then "end"
     assert len(pieces) >= 2
-    assert max(len(piece) for piece in pieces) <= worker._LINE_BYTES + worker._READ_BYTES
+    assert max(len(piece) for piece in pieces) <= line_relay._LINE_BYTES + line_relay._READ_BYTES
 
 
 def test_invalid_utf8_passes_through_unchanged(sinks):
@@ -161,7 +163,7 @@ def test_a_secret_split_across_writes_is_masked_in_console_and_log(sinks):
 def test_a_secret_across_the_cut_of_an_over_long_line_is_masked(sinks):
     secret = "sk-ABCDEFGHIJKLMNOP"
     relay = sinks.relay(secrets=[secret])
-    head = b"z" * (worker._LINE_BYTES - 5)  # the cut would fall inside the secret
+    head = b"z" * (line_relay._LINE_BYTES - 5)  # the cut would fall inside the secret
     through_pipe(relay, [head + secret.encode()[:10], secret.encode()[10:] + b" tail\n"])
     logged = sinks.logged()
     assert b"ABCDEFG" not in logged and b"HIJKLMNOP" not in logged
@@ -194,7 +196,7 @@ def test_writes_to_a_shared_pipe_stay_within_pipe_buf_and_end_at_a_line_end(sink
     assert atomic_size(write) == select.PIPE_BUF
     assert atomic_size(sinks.log) == 0  # a regular file in append mode takes a write whole
     writes: list[bytes] = []
-    monkeypatch.setattr(worker, "write_fully", lambda fd, data: writes.append(data))
+    patch_writes(monkeypatch, lambda fd, data: writes.append(data))
     relay = Relay(write, sinks.log, PREFIX, Masker(), False, atomic=select.PIPE_BUF)
     lines = [b"%05d " % i + b"w" * (i % 300) for i in range(400)]
     lines.append(b"L" * 10_000)  # one line longer than PIPE_BUF goes out whole
@@ -316,44 +318,6 @@ def test_a_console_nobody_reads_stops_once_and_the_log_gets_every_line(sinks):
     os.close(write)
 
 
-def test_a_record_is_written_on_a_full_disk_with_the_reserved_space(tmp_path, monkeypatch):
-    """ENOSPC for the record: the reserve is given back and the write tried again, then once
-    more without the stderr tail; never a crash of the wrapper."""
-    attempts: list[dict] = []
-    real = worker.write_json
-
-    def full(path, data):
-        attempts.append(data)
-        if len(attempts) < 3:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        real(path, data)
-
-    monkeypatch.setattr(worker, "write_json", full)
-    reserve = worker._reserve(tmp_path)
-    assert reserve is not None and os.fstat(reserve).st_blocks * 512 >= worker._RESERVE_BYTES
-    assert not [p for p in tmp_path.iterdir()]  # unlinked: nothing left behind, ever
-    record = {"rank": 0, "stderr_tail": ["x"] * 5, "last_words": "x"}
-    assert worker.save_record(tmp_path / "rank-0.json", record, reserve) is None
-    assert [len(a["stderr_tail"]) for a in attempts] == [5, 5, 0]
-    with pytest.raises(OSError):
-        os.fstat(reserve)  # given back
-    monkeypatch.setattr(worker, "write_json", lambda *_: (_ for _ in ()).throw(OSError(5, "EIO")))
-    problem = worker.save_record(tmp_path / "rank-1.json", record, None)
-    assert problem == f"rank record {tmp_path}/rank-1.json not written: EIO"
-
-
-@pytest.mark.parametrize(
-    "name", [os.fsdecode(b"donn\xe9es.sh"), "new\nline.sh", "x\ud800.py"], ids=ascii
-)
-def test_an_entry_script_with_an_odd_name_that_cannot_run_is_named_in_one_line(name):
-    code, failure = worker._exec_failure(name, OSError(errno.ENOENT, "No such file"))
-    assert code == 127 and failure["type"] == "ExecError"
-    assert len(failure["message"].splitlines()) == 1
-    failure["message"].encode("utf-8")
-    code, failure = worker._exec_failure(name, ValueError("embedded null byte"))
-    assert code == 126 and "cannot be passed to a program" in failure["message"]
-
-
 def test_a_stopped_rank_log_still_shows_the_rank_is_alive(tmp_path, monkeypatch):
     """The hang watchdog reads the logs' times: a rank whose log stopped (a full disk) but who
     still prints is not idle. Its log's time is touched, at most once a second."""
@@ -365,7 +329,7 @@ def test_a_stopped_rank_log_still_shows_the_rank_is_alive(tmp_path, monkeypatch)
     def full(_fd, _data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(worker, "write_fully", full)
+    monkeypatch.setattr(line_relay, "write_fully", full)
     log.write(b"lost\n")  # the write that fails: the log stops
     assert log.error and path.stat().st_mtime == 1
     log.write(b"later\n")
@@ -378,7 +342,7 @@ def test_locked_write_takes_the_same_lock_as_the_ranks(tmp_path):
     rank = Console(write)
     fcntl.flock(rank.lock, fcntl.LOCK_EX)  # a rank in the middle of a batch
     done = threading.Event()
-    writer = threading.Thread(target=lambda: (worker.locked_write(write, b"ours\n"), done.set()))
+    writer = threading.Thread(target=lambda: (locked_write(write, b"ours\n"), done.set()))
     writer.start()
     assert not done.wait(0.2)
     fcntl.flock(rank.lock, fcntl.LOCK_UN)
@@ -390,5 +354,5 @@ def test_locked_write_takes_the_same_lock_as_the_ranks(tmp_path):
         os.close(fd)
     path = tmp_path / "file"
     with open(path, "ab") as handle:
-        worker.locked_write(handle.fileno(), b"a regular file needs no lock\n")
+        locked_write(handle.fileno(), b"a regular file needs no lock\n")
     assert path.read_bytes() == b"a regular file needs no lock\n"

@@ -1,0 +1,58 @@
+"""The rank's wrapper (container_entry.worker) in pieces: how it notes a stop, and that the names
+it hands the script's Python are the ones _site/sitecustomize.py reads. The wrapper as torchrun
+runs it: tests/integration (test_relay, test_signals, test_faults)."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from container_entry import flight_recorder, worker
+from container_entry.layout import ControlDir
+from container_entry.stopping import STOP_SIGNALS
+from container_entry.worker import Stop
+
+
+@pytest.fixture
+def handlers():
+    """The stop signals' handlers as they were, back after the test."""
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def test_a_stop_noted_while_the_wrapper_loaded_is_the_first_and_later_ones_change_nothing(
+    handlers,
+):
+    stop = Stop.noted({signal.SIGINT: 20.0, signal.SIGTERM: 10.0})
+    assert (stop.name, stop.at) == ("SIGTERM", 10.0)
+    assert all(signal.getsignal(sig) == stop.note for sig in STOP_SIGNALS)
+    stop.note(signal.SIGHUP)
+    assert (stop.name, stop.at, stop.signum) == ("SIGTERM", 10.0, signal.SIGTERM)
+
+
+def test_a_signal_is_noted_once_with_its_time(handlers):
+    stop = Stop.noted({})
+    assert stop.name is None and not stop.requested(ControlDir(Path("/nonexistent")))
+    signal.raise_signal(signal.SIGHUP)
+    first = stop.at
+    signal.raise_signal(signal.SIGINT)
+    assert (stop.name, stop.at, stop.signum) == ("SIGHUP", first, signal.SIGHUP)
+
+
+def test_the_stop_file_is_a_sigterm_for_a_wrapper_torchrun_starts_after_the_stop(tmp_path):
+    control, stop = ControlDir(tmp_path), Stop()
+    assert not stop.requested(control)
+    control.stop.write_text("SIGINT")
+    assert stop.requested(control) and stop.name == "SIGTERM" and stop.at is not None
+    signalled = Stop(name="SIGINT", at=1.0)
+    assert signalled.requested(control) and signalled.name == "SIGINT"
+
+
+def test_the_site_hook_reads_the_variables_the_wrapper_sets():
+    site = (Path(worker.SITE_DIR) / "sitecustomize.py").read_text()
+    for name in (worker.STACKS_ENV, flight_recorder.REQUEST_ENV, flight_recorder.FILE_ENV):
+        assert f'os.environ.pop("{name}"' in site
