@@ -121,6 +121,8 @@ def _guarded(
     except BaseException as error:
         if stop is not None:
             stop.raising = False
+            if stop.cut_start:  # the stop's own exception, as the code it cut reshaped it
+                return _stopped(stop.requested())
         return _internal_error(command, error)
 
 
@@ -138,10 +140,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         stop = Stop()
 
         def train(cli_args: Sequence[str]) -> int:
-            stop.install()  # takes over from record_early: a stop noted there raises here
-            stop.check()
+            # imported while a stop is only noted: raised inside an import, it was reshaped by
+            # the code it cut (`Error calling __set_name__`, a half-imported module)
             from container_entry.job import train
 
+            stop.install()  # takes over from record_early: a stop noted there raises here
+            stop.check()
             return train(cli_args, stop)
 
         return _guarded("train", train, args[1:], stop)

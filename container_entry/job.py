@@ -26,6 +26,7 @@ from container_entry.errors import (
     ConfigError,
     DeviceError,
     NetworkError,
+    StopRequested,
 )
 from container_entry.exits import ExitCode
 from container_entry.failure import summarized
@@ -359,6 +360,8 @@ def train(cli_args: Sequence[str], stop: Stop) -> int:
         job = Job(plan, environ, base_dir_from(environ), stop, key=key)
         return job.execute(outcome)
     except (BootstrapError, OSError) as error:
+        if stop.cut_start and not isinstance(error, StopRequested):
+            error = stop.requested()  # the stop's own exception, as the code it cut reshaped it
         stop.raising = False  # a stop now must not interrupt the report
         code = error.exit_code if isinstance(error, BootstrapError) else ExitCode.BAD_INPUT
         # a failure relayed from another host is already in words

@@ -85,6 +85,7 @@ class Stop:
         self.signal: str | None = None
         self.at: float | None = None
         self.raising = True  # until the workers start
+        self.cut_start = False  # a stop came before the workers started
         self._read, self._write = os.pipe()
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
@@ -99,6 +100,7 @@ class Stop:
         _early_previous.clear()
         if _Early.signal is not None and self.signal is None:  # it came before this handler
             self.signal, self.at = _Early.signal, _Early.at
+            self.cut_start = True
             with contextlib.suppress(OSError):
                 os.write(self._write, b"\0")
         _Early.clear()
@@ -106,9 +108,10 @@ class Stop:
     def check(self) -> None:
         """Raise StopRequested for a stop that came before `install` (its handler could not)."""
         if self.signal is not None and self.raising:
-            raise self._stopped()
+            raise self.requested()
 
-    def _stopped(self) -> StopRequested:
+    def requested(self) -> StopRequested:
+        """The stop as the bootstrap reports it before the workers start."""
         return StopRequested(
             f"stopped by {self.signal} before the workers started", self.signal or "SIGTERM"
         )
@@ -121,7 +124,8 @@ class Stop:
         with contextlib.suppress(OSError):
             os.write(self._write, b"\0")
         if first and self.raising:
-            raise self._stopped()
+            self.cut_start = True
+            raise self.requested()
 
     @contextlib.contextmanager
     def wakes_on_child_exit(self) -> Iterator[None]:

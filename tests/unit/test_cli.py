@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
 from pathlib import Path
 
 import pytest
 
 from container_entry import cli, settings
-from container_entry.errors import StopRequested
-from container_entry.stopping import Stop
+from container_entry.errors import ConfigError, StopRequested
+from container_entry.stopping import STOP_SIGNALS, Stop
 
 
 def test_help_is_the_usage_with_every_setting(capsys):
@@ -99,3 +101,95 @@ def test_plan_lets_a_keyboard_interrupt_through(monkeypatch):
 
     with pytest.raises(KeyboardInterrupt):
         cli._guarded("plan", interrupted, [])
+
+
+def _cut_in_set_name() -> None:
+    class Descriptor:
+        def __set_name__(self, owner: type, name: str) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises inside __set_name__
+
+    type("Owner", (), {"field": Descriptor()})
+
+
+def _cut_then_reraised_as_another_error() -> None:
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+    except Exception as error:  # what a library's broad handler does
+        raise ValueError(f"could not read the config: {error}") from None
+
+
+def _cut_then_swallowed_and_failing_later() -> None:
+    try:  # noqa: SIM105 (spelled as the code a stop cuts spells it)
+        os.kill(os.getpid(), signal.SIGTERM)
+    except Exception:
+        pass
+    raise AttributeError("module 'half' has no attribute 'imported'")
+
+
+def _cut_in_an_import(tmp_path: Path) -> None:
+    module = tmp_path / "cut_module.py"
+    module.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGTERM)\nVALUE = 1\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import cut_module  # noqa: F401
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("cut_module", None)
+
+
+def _cut_then_a_config_error() -> None:
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+    except Exception as error:
+        raise ConfigError(f"/opt/ml/input/config/hyperparameters.json: {error}") from None
+
+
+@pytest.mark.parametrize(
+    "cut",
+    [
+        _cut_in_set_name,
+        _cut_then_reraised_as_another_error,
+        _cut_then_swallowed_and_failing_later,
+        _cut_in_an_import,
+        _cut_then_a_config_error,
+    ],
+)
+def test_a_stop_reshaped_by_the_code_it_cut_is_still_a_stopped_job(
+    tmp_path, monkeypatch, capsys, cut
+):
+    """The stop's exception is raised wherever the main thread is; the code it cuts may turn it
+    into another error (3.11's `Error calling __set_name__`, a library's broad `except`, a
+    half-imported module). Any error after a stop before the workers is that stop: 143, a
+    failure file that says stopped (CI once saw exit 70, an internal error, 5 ms into a stop)."""
+    monkeypatch.setenv("SAGEMAKER_BASE_DIR", str(tmp_path))
+    stop = Stop()
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+
+    def run(_args):
+        stop.install()
+        if cut is _cut_in_an_import:
+            cut(tmp_path)
+        else:
+            cut()
+        return 0
+
+    try:
+        assert cli._guarded("train", run, [], stop) == 143
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    err = capsys.readouterr().err
+    assert "internal error" not in err and "Traceback" not in err
+    failure = (tmp_path / "output" / "failure").read_text()
+    assert failure == "StopRequested: stopped by SIGTERM before the workers started\n"
+
+
+def test_a_defect_with_no_stop_is_still_an_internal_error(tmp_path, monkeypatch):
+    """The rule above only covers errors after a stop: without one, a defect stays a defect."""
+    monkeypatch.setenv("SAGEMAKER_BASE_DIR", str(tmp_path))
+    stop = Stop()
+
+    def broken(_args):
+        raise RuntimeError("Error calling __set_name__ on 'cached_property' instance 'hosts'")
+
+    assert cli._guarded("train", broken, [], stop) == 70
