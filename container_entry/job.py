@@ -10,13 +10,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from container_entry import culprit, network, user_code
-from container_entry.coordination import (
-    JOIN_VERDICT_GRACE,
-    Coordinator,
-    Member,
-    PeerFailure,
-    job_key,
-)
 from container_entry.ending import Ending, Kind, Observed, verdict
 from container_entry.environment import Environment, base_dir_from, read_environment
 from container_entry.environment import read_json as read_config
@@ -35,6 +28,13 @@ from container_entry.logs import log, register_secrets
 from container_entry.outcome import Outcome
 from container_entry.plan import Plan, build_plan
 from container_entry.records import RankRecord
+from container_entry.side_channel import (
+    JOIN_VERDICT_GRACE,
+    Coordinator,
+    Member,
+    PeerFailure,
+    job_key,
+)
 from container_entry.stopping import Stop
 from container_entry.supervisor import Supervisor
 from container_entry.torch_gpus import check_visible_gpus
@@ -62,7 +62,7 @@ def _resolve(
 
 
 def side_channel_key(env: Environment) -> bytes:
-    """The key every host of this job derives alike for the side channel (coordination)."""
+    """The key every host of this job derives alike for the side channel (side_channel)."""
     return job_key(env.environ, env.resource_config, env.hyperparameters, env.input_data_config)
 
 

@@ -21,7 +21,7 @@ ENV_PREFIX = "CONTAINER_ENTRY_"
 HYPERPARAMETER_PREFIX = "container_entry_"
 # what the bootstrap exports to the workers under the prefix: a script that starts a nested
 # container-entry hands it on, which is not a misspelt setting; and the side channel's secret
-# (coordination.JOB_SECRET_ENV), a credential kept out of the printed settings
+# (side_channel.JOB_SECRET_ENV), a credential kept out of the printed settings
 NOT_SETTINGS = frozenset({"CONTAINER_ENTRY_PROGRESS_FILE", "CONTAINER_ENTRY_JOB_SECRET"})
 
 

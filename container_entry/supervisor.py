@@ -29,7 +29,6 @@ from dataclasses import replace
 
 from container_entry import culprit, gpu_memory
 from container_entry import settings as knobs
-from container_entry.coordination import Member
 from container_entry.ending import Ending, Kind, Observed, Seen, decide
 from container_entry.failure import is_cuda_oom, summarized, words
 from container_entry.hang import PROGRESS_ENV, Activity
@@ -37,6 +36,7 @@ from container_entry.layout import ControlDir, RunDir
 from container_entry.logs import log
 from container_entry.plan import Plan
 from container_entry.records import Command, RankRecord, read_json
+from container_entry.side_channel import Member
 from container_entry.stopping import Stop
 from container_entry.teardown import Hanging, Stopping, Teardown, Winding
 from container_entry.torchrun_output import TorchrunOutput

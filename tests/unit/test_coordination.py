@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from container_entry.coordination import Coordinator, Member, PeerFailure
 from container_entry.errors import NetworkError
 from container_entry.records import RankRecord
+from container_entry.side_channel import Coordinator, Member, PeerFailure
 from container_entry.side_channel.keys import join_proof, welcome_proof
 from container_entry.side_channel.liveness import tune
 
@@ -803,7 +803,7 @@ def sagemaker_facts(host: str, **changes):
 
 
 def key_of(facts) -> bytes:
-    from container_entry.coordination import job_key
+    from container_entry.side_channel import job_key
 
     return job_key(**facts)
 
@@ -822,8 +822,8 @@ def test_every_host_of_a_job_derives_the_same_key_and_another_job_another():
 
 
 def test_a_secret_set_on_every_host_is_the_key_and_must_not_be_short():
-    from container_entry.coordination import job_key
     from container_entry.errors import ConfigError
+    from container_entry.side_channel import job_key
 
     secret = {"CONTAINER_ENTRY_JOB_SECRET": "s" * 16}
     one = sagemaker_facts("algo-1", environ__CONTAINER_ENTRY_JOB_SECRET="s" * 16)
@@ -835,7 +835,7 @@ def test_a_secret_set_on_every_host_is_the_key_and_must_not_be_short():
 
 
 def test_a_torchrun_style_cluster_keys_on_its_rendezvous_variables():
-    from container_entry.coordination import job_key
+    from container_entry.side_channel import job_key
 
     node = {"PET_NNODES": "2", "PET_MASTER_ADDR": "job-master-0", "PET_MASTER_PORT": "23456"}
     assert job_key({**node, "PET_NODE_RANK": "0"}, None, {}, {}) == job_key(
@@ -1025,8 +1025,8 @@ def test_a_master_whose_own_host_is_refused_says_why_and_tells_the_others(monkey
     import dataclasses
 
     from container_entry import job, network
-    from container_entry.coordination import job_key
     from container_entry.plan import build_plan
+    from container_entry.side_channel import job_key
     from container_entry.stopping import Stop
     from tests.unit.conftest import make_env
 

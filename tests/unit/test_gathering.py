@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from container_entry.coordination import Coordinator, Member
 from container_entry.culprit import Call, Rank
+from container_entry.side_channel import Coordinator, Member
 from container_entry.side_channel.gathering import Gathering, fitted, from_wire, to_wire
 from container_entry.side_channel.wire import LINE_LIMIT, Invalid, encode
 from tests.unit.test_coordination import FAST, free_port, join_all

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from container_entry import settings
-from container_entry.coordination import Coordinator, Member
 from container_entry.errors import ConfigError
 from container_entry.exits import ExitCode
 from container_entry.hang import (
@@ -28,6 +27,7 @@ from container_entry.hang import (
 )
 from container_entry.layout import RunDir
 from container_entry.records import RankRecord
+from container_entry.side_channel import Coordinator, Member
 from tests.unit.test_coordination import FAST, free_port, join_all
 
 
