@@ -11,6 +11,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from container_entry.environment import Environment, script_candidates
@@ -18,9 +19,18 @@ from container_entry.environment import Environment, script_candidates
 UNRESOLVED = "<entry script>"  # the script's place in a plan that names none
 
 
+class Kind(StrEnum):
+    """Where the code comes from; its value is what the plan prints."""
+
+    DIRECTORY = "directory"  # used where it is
+    S3 = "s3"  # fetched from S3 (sagemaker_submit_directory), then extracted
+    ARCHIVE = "archive"  # a .tar.gz, extracted
+    CLI = "cli"  # a script named on the command line
+
+
 @dataclass(frozen=True)
 class CodeSource:
-    kind: str  # "directory" | "s3" | "archive" | "cli"
+    kind: Kind
     location: str  # where the code comes from
     code_dir: str  # where the entry script runs from (cwd of the workers)
 
@@ -42,7 +52,7 @@ def _named_on_command_line(env: Environment, name: str) -> tuple[CodeSource, str
     if found is None:
         problem = f"entry script {name!r} not found: looked for {' and '.join(candidates)}"
     directory = posixpath.dirname(script)
-    return CodeSource("cli", name, directory), problem
+    return CodeSource(Kind.CLI, name, directory), problem
 
 
 def _source(env: Environment, program: str, sagemaker_hps: Mapping[str, Any]) -> CodeSource:
@@ -55,17 +65,17 @@ def _source(env: Environment, program: str, sagemaker_hps: Mapping[str, Any]) ->
     if submit:
         submit = str(submit)
         if submit.startswith("s3://"):
-            return CodeSource("s3", submit, extracted)
+            return CodeSource(Kind.S3, submit, extracted)
         if submit.endswith((".tar.gz", ".tgz")):
-            return CodeSource("archive", submit, extracted)
-        return CodeSource("directory", submit, submit)
+            return CodeSource(Kind.ARCHIVE, submit, extracted)
+        return CodeSource(Kind.DIRECTORY, submit, submit)
     channel = posixpath.join(base, "input", "data", "code")
     if env.code_channel_entries:
         archives = [e for e in env.code_channel_entries if e.endswith((".tar.gz", ".tgz"))]
         if program not in env.code_channel_entries and archives:
-            return CodeSource("archive", posixpath.join(channel, archives[0]), extracted)
-        return CodeSource("directory", channel, channel)
-    return CodeSource("directory", extracted, extracted)
+            return CodeSource(Kind.ARCHIVE, posixpath.join(channel, archives[0]), extracted)
+        return CodeSource(Kind.DIRECTORY, channel, channel)
+    return CodeSource(Kind.DIRECTORY, extracted, extracted)
 
 
 def locate_code(
@@ -78,7 +88,7 @@ def locate_code(
             "no entry script: set SAGEMAKER_PROGRAM or hyperparameter sagemaker_program, "
             "or run `train SCRIPT [ARGS...]`"
         )
-        return CodeSource("directory", code_dir, code_dir), UNRESOLVED, [missing]
+        return CodeSource(Kind.DIRECTORY, code_dir, code_dir), UNRESOLVED, [missing]
     if env.cli_args:
         code, problem = _named_on_command_line(env, program)
         script = posixpath.join(code.code_dir, posixpath.basename(program))

@@ -23,7 +23,7 @@ from typing import Any
 
 from container_entry import contract, gpus, hyperparameters, settings, torchrun
 from container_entry.cluster import Topology, resolve_topology
-from container_entry.code_source import UNRESOLVED, CodeSource, entry_program, locate_code
+from container_entry.code_source import UNRESOLVED, CodeSource, Kind, entry_program, locate_code
 from container_entry.environment import Environment
 from container_entry.hang import AUTO_FACTOR, AUTO_FLOOR, PROGRESS_ENV
 from container_entry.layout import RunDir
@@ -232,7 +232,7 @@ def _sm_env(
         sagemaker_hyperparameters=hps.sagemaker,
         user_args=user_args,
         program=posixpath.basename(program or UNRESOLVED),
-        module_dir=code.location if code.kind in ("s3", "archive") else code.code_dir,
+        module_dir=code.location if code.kind in (Kind.S3, Kind.ARCHIVE) else code.code_dir,
         channels=_channels(env),
         resource_config=env.resource_config or {},
         input_data_config=env.input_data_config,

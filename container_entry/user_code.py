@@ -12,6 +12,7 @@ import zlib
 from pathlib import Path
 from urllib.parse import urlparse
 
+from container_entry.code_source import Kind
 from container_entry.errors import CodeError
 from container_entry.logs import log
 from container_entry.plan import Plan
@@ -84,19 +85,19 @@ def prepare(plan: Plan, environ: dict[str, str]) -> Path:
     """Materialise the code directory; returns the entry script's path (checked to exist)."""
     source = plan.code
     code_dir = Path(source.code_dir)
-    if source.kind == "s3":
+    if source.kind is Kind.S3:
         log(f"fetching code from {source.location}")
         with tempfile.TemporaryDirectory() as tmp:
             archive = Path(tmp) / "sourcedir.tar.gz"
             _download_s3(source.location, archive, environ)
             _safe_extract(archive, code_dir)
-    elif source.kind == "archive":
+    elif source.kind is Kind.ARCHIVE:
         log(f"extracting code from {source.location}")
         _safe_extract(Path(source.location), code_dir)
     script = Path(plan.command[0])
     if not script.is_file():
         where = escaped(str(code_dir))
-        if source.kind != "directory":
+        if source.kind is not Kind.DIRECTORY:
             where += f" (from {escaped(source.location)})"
         try:  # any name may be in there: not UTF-8, a line break, a control character
             found = ", ".join(map(escaped, sorted(os.listdir(code_dir))[:10])) or "empty"

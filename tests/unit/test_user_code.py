@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from container_entry import user_code
+from container_entry.code_source import Kind
 from container_entry.errors import CodeError
 
 
@@ -119,7 +120,7 @@ def test_a_missing_entry_script_is_one_line_whatever_else_the_folder_holds(tmp_p
             pass
     program = os.fsdecode(b"tr\xe9in.py")
     plan = SimpleNamespace(
-        code=SimpleNamespace(kind="directory", code_dir=str(code), location=str(code)),
+        code=SimpleNamespace(kind=Kind.DIRECTORY, code_dir=str(code), location=str(code)),
         command=[str(code / program)],
         program=program,
     )
