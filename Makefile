@@ -20,7 +20,7 @@ REGISTRY     ?=
 REPOSITORY   ?= container-entry
 MOVING_TAG   ?= latest
 
-.PHONY: help docker venv standin build demo test unit lint login-base push run gpu-check clean
+.PHONY: help docker venv standin build demo demo-disk test test-disk unit lint login-base push run gpu-check clean
 
 help: ## list targets and variables
 	@echo "Targets:"
@@ -51,6 +51,7 @@ $(VENV)/.done: requirements/dev.txt pyproject.toml scripts/wheel_backend.py
 	touch $@
 
 standin: docker ## build the offline stand-in of the DLC (debootstrap + wheels, no registry)
+	python3 -m scripts.disk_space --for standin
 	scripts/build-standin.sh $(STANDIN)
 
 build: ## build the image: make build BASE_IMAGE=<image> IMAGE=<tag>
@@ -60,15 +61,19 @@ build: ## build the image: make build BASE_IMAGE=<image> IMAGE=<tag>
 docker: ## make sure a docker engine runs (installs and starts one as root if needed)
 	scripts/ensure-docker.sh
 
-demo: docker venv standin ## build stand-in + image, run a 2-host x 2-worker CPU HF Trainer job
+demo: docker demo-disk venv standin ## build stand-in + image, run a 2-host x 2-worker CPU HF Trainer job
 	$(MAKE) build BASE_IMAGE=$(STANDIN) IMAGE=$(DEMO_IMAGE)
 	$(PYTHON) examples/hf_trainer_tiny.py --write-data build/demo-data
 	$(PYTHON) -m scripts.local_cluster --image $(DEMO_IMAGE) --hosts 2 --workers-per-host 2 \
 		--script examples/hf_trainer_tiny.py --data build/demo-data/data.jsonl \
 		--hp epochs=3 --hp learning-rate=0.005
 
-test: docker venv ## run every test (unit, real torchrun, docker cluster); needs a docker engine
+test: docker test-disk venv ## run every test (unit, real torchrun, docker cluster); needs a docker engine
 	$(PYTHON) -m pytest $(PYTEST_ARGS)
+
+# Free disk first: one line and exit 1 now, not `no space left on device` minutes into a build.
+demo-disk test-disk: docker
+	python3 -m scripts.disk_space --for $(@:-disk=)
 
 unit: venv ## run the unit tests only (no docker, no processes)
 	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)

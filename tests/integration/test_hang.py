@@ -110,3 +110,37 @@ def test_output_on_one_host_keeps_every_host_alive(tmp_path, hosts_file):
     for (returncode, _, err), tree in zip(results, trees, strict=True):
         assert returncode == 0, err[-3000:]
         assert (tree.output / "success").exists()
+
+
+@pytest.mark.parametrize(
+    ("mode", "culprit"),
+    [
+        (
+            "skip",
+            "hung: rank 3 on algo-2 never entered all_reduce #4 of the default group; "
+            "the 3 other ranks wait in it since ",
+        ),
+        (
+            "desync",
+            "hung: ranks disagree at collective #4: ranks 0-2 in all_reduce([4096] float32), "
+            "rank 3 in broadcast([1] int64)",
+        ),
+    ],
+)
+def test_a_hang_across_hosts_names_its_culprit_first_on_every_host(
+    tmp_path, hosts_file, mode, culprit
+):
+    """Real gloo flight-recorder records (torch 2.9+ records gloo) from both hosts, lined up at
+    the master: the first line of every host's failure file names the rank on algo-2 that never
+    entered the 4th all_reduce, or the collective at which the ranks disagree; the per-rank
+    lines and stacks stay below it."""
+    port = "29661" if mode == "skip" else "29671"
+    trees, results = _two_hosts(tmp_path, hosts_file, {"mode": mode, "rank": "3"}, port)
+    for (returncode, _, err), tree in zip(results, trees, strict=True):
+        assert returncode == 124, err[-3000:]
+        line = first_line(tree)
+        assert line.startswith(culprit), (line, err[-3000:])
+        assert line.endswith(f"(no output from any rank on any host for {TIMEOUT} s)"), line
+        if mode == "skip":  # where the culprit was, from its stack on algo-2
+            assert "rank 3 was at fault_probe.py:" in line and " in evaluate" in line, line
+        assert "rank 0 was at fault_probe.py:" in _failure(trees[0])  # the per-rank lines stay

@@ -9,6 +9,10 @@
                     `--every` seconds (container_entry.hang.report_progress)
         one-talks:  rank `--rank` prints each `--every` seconds for `--seconds`; the others print
                     nothing, waiting in a barrier (one host's output keeps the job alive)
+        skip:       after 3 all_reduces, rank `--rank` never enters the 4th (it waits without
+                    printing in `evaluate`); the others wait in it (a culprit to name)
+        desync:     after 3 all_reduces, rank `--rank` calls a broadcast of one int64 where the
+                    others call an all_reduce of 4096 float32 (a desync to name)
 """
 
 import argparse
@@ -69,6 +73,20 @@ elif args.mode == "one-talks":
             time.sleep(args.every)
             print(f"rank {rank} still working", flush=True)
     dist.barrier()
+elif args.mode in ("skip", "desync"):
+    for _ in range(3):
+        dist.all_reduce(torch.ones(4))
+
+    def evaluate() -> None:
+        while True:
+            time.sleep(3600)
+
+    if rank != args.rank:
+        dist.all_reduce(torch.ones(4096))
+    elif args.mode == "skip":
+        evaluate()
+    else:
+        dist.broadcast(torch.zeros(1, dtype=torch.int64), src=args.rank)
 else:
     raise SystemExit(f"unknown --mode {args.mode}")
 print(f"rank {rank} done", flush=True)

@@ -1,0 +1,66 @@
+"""The free-disk check before a build (scripts/disk_space.py), on this machine's real disks."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from scripts.disk_space import GIB, Need, existing, shortfall
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _free(path: Path) -> float:
+    return shutil.disk_usage(path).free / GIB
+
+
+def test_too_little_room_is_one_line_with_what_is_needed_and_free_and_exit_1(tmp_path):
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "scripts.disk_space", "--for", "demo", "--need-gib", "1000000"),
+            *("--repo", str(tmp_path), "--docker-root", str(tmp_path / "not" / "yet")),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(
+        "[disk] make demo needs about 2000000 GiB free on the filesystem of "
+    )
+    assert " GiB is free" in lines[0] and str(tmp_path) in lines[0]
+
+
+def test_enough_room_says_nothing_and_exits_0(tmp_path):
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "scripts.disk_space", "--need-gib", "0"),
+            *("--repo", str(tmp_path), "--docker-root", str(tmp_path)),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+
+
+def test_two_folders_on_one_filesystem_need_the_sum_there(tmp_path):
+    share = _free(tmp_path) * 0.6  # each fits alone, both together do not
+    problem = shortfall("test", Need(repo=share, docker=share), tmp_path, tmp_path / "docker")
+    assert problem is not None and f"needs about {2 * share:.0f} GiB" in problem
+
+
+def test_folders_on_two_filesystems_each_need_their_own_share(tmp_path):
+    other = Path("/dev/shm")  # tmpfs: another filesystem than the test's tmp folder
+    assert existing(other).stat().st_dev != tmp_path.stat().st_dev
+    need = Need(repo=_free(tmp_path) * 0.6, docker=_free(other) * 0.6)
+    assert shortfall("test", need, tmp_path, other) is None
+    need = Need(repo=_free(tmp_path) * 0.6, docker=_free(other) * 2)
+    problem = shortfall("test", need, tmp_path, other)
+    assert problem is not None and "/dev/shm" in problem and str(tmp_path) not in problem
