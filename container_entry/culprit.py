@@ -13,9 +13,11 @@ reads dump files on disk with torch imported, which the bootstrap never does.
 from __future__ import annotations
 
 import json
+import pickle
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from container_entry.failure import where
@@ -240,23 +242,90 @@ def _missing(ranks: Sequence[Rank], name: str) -> str | None:
     return "; ".join([text, *located[:3]])
 
 
-def local_ranks(run_dir: RunDir, host: str) -> list[Rank]:
-    """This host's ranks as their dumps (flight_recorder.py) and stacks recorded them."""
-    found = []
-    for path in sorted(run_dir.dumps.glob("rank-*.json")):
+def _same(value: Any, *_tags: Any) -> Any:
+    return value
+
+
+# torch's pickler may tag a list with its type through these names (torch.jit._pickle); each
+# returns the plain value, which is all that is read here
+_TYPE_TAGS = {
+    ("torch.jit._pickle", name)
+    for name in ("build_intlist", "build_doublelist", "build_boollist", "restore_type_tag")
+}
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """NCCL's dump is a pickle of dicts, lists, strings and numbers: nothing else is loaded."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in _TYPE_TAGS:
+            return _same
+        raise pickle.UnpicklingError(f"{module}.{name} is not plain data")
+
+
+def _nccl_timeout_dump(path: Path) -> dict[str, Any] | None:
+    """NCCL's own dump when its watchdog ends a rank on a collective timeout (torch writes it
+    to `<nccl_trace_prefix><rank>` before the abort), as one recorder of a dump."""
+    try:
+        with path.open("rb") as handle:
+            data = _PlainUnpickler(handle).load()
+    except Exception:  # a torn or foreign file: no records from it
+        return None
+    return {"recorders": {"nccl-timeout": data}} if isinstance(data, dict) else None
+
+
+def _dumps_by_rank(run_dir: RunDir) -> dict[int, list[dict[str, Any]]]:
+    """Every dump of each rank: asked for (or written at its death), and NCCL's at a timeout."""
+    found: dict[int, list[dict[str, Any]]] = {}
+    paths = [*run_dir.dumps.glob("rank-*.json"), *run_dir.dumps.glob("exit-rank-*.json")]
+    for path in sorted(paths):
         try:
-            rank = int(path.stem.split("-", 1)[1])
+            rank = int(path.stem.rsplit("-", 1)[1])
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError, IndexError):
             continue
-        if not isinstance(data, dict):
-            continue
+        if isinstance(data, dict):
+            found.setdefault(rank, []).append(data)
+    prefix = Path(run_dir.nccl_trace_prefix)
+    for path in sorted(prefix.parent.glob(f"{prefix.name}*")):
+        number = path.name.removeprefix(prefix.name)
+        dump = _nccl_timeout_dump(path) if number.isdigit() else None
+        if dump is not None:
+            found.setdefault(int(number), []).append(dump)
+    return found
+
+
+def local_ranks(run_dir: RunDir, host: str) -> list[Rank]:
+    """This host's ranks as their dumps (flight_recorder.py) and stacks recorded them."""
+    found = []
+    died = {int(p.stem.rsplit("-", 1)[1]) for p in run_dir.dumps.glob("exit-rank-*.json")}
+    for rank, dumps in sorted(_dumps_by_rank(run_dir).items()):
         try:
             stacks = run_dir.stack(rank).read_text(errors="replace")
         except OSError:
             stacks = ""
-        found.append(Rank(rank, host, calls_of(data), groups_of(data), where(stacks)))
+        merged = {"recorders": {f"{i}-{n}": r for i, d in enumerate(dumps) for n, r in _named(d)}}
+        calls = calls_of(merged)
+        if rank in died:
+            calls = _died_in_last(calls)
+        found.append(Rank(rank, host, calls, groups_of(merged), where(stacks)))
     return found
+
+
+def _died_in_last(calls: list[Call]) -> list[Call]:
+    """A rank that died of an exception (a collective's timeout) died in its last collective of
+    each group: gloo marks a call that failed as retired, but the rank was still waiting in it."""
+    last: dict[str, int] = {}
+    for index, call in enumerate(calls):
+        if call.group not in last or call.seq > calls[last[call.group]].seq:
+            last[call.group] = index
+    pending = set(last.values())
+    return [replace(c, done=False) if i in pending else c for i, c in enumerate(calls)]
+
+
+def _named(dump: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    recorders = dump.get("recorders")
+    return list(recorders.items()) if isinstance(recorders, Mapping) else []
 
 
 def explained(what: str, culprit: str | None) -> str:

@@ -60,6 +60,7 @@ class Ending:
     kind: Kind
     record: RankRecord | None = None  # the failure or hang verdict it names, if any
     master: str | None = None  # the lost master
+    culprit: str | None = None  # a collective timed out: whom the ranks waited for (culprit.py)
 
 
 def decide(seen: Seen) -> Ending | None:
@@ -125,7 +126,10 @@ def verdict(ending: Ending, run: Observed, host: str, run_dir: RunDir) -> Verdic
     if kind in (Kind.FAILED, Kind.PEER_FAILED):
         assert record is not None
         code = of_returncode(record.returncode or ExitCode.FAILED)
-        return Verdict(code, f"{words(record, run.restarts)} [first failure]", details)
+        reason = f"{words(record, run.restarts)} [first failure]"
+        if ending.culprit:  # the rank to blame first, the rank that timed out waiting after
+            reason = f"collective timed out: {ending.culprit}; {reason}"
+        return Verdict(code, reason, details)
     if kind is Kind.LOST_MASTER:
         text = (
             f"lost contact with the master host {ending.master} "

@@ -31,7 +31,9 @@ _WATCHDOG = (
     "Heartbeat monitor timed out",
     "ProcessGroupNCCL's watchdog",
     "NCCL timeout",
+    "Timed out waiting",  # gloo: "Timed out waiting 1800000ms for recv operation to complete"
 )
+TIMEOUT_HINT = "a collective timed out: a peer rank hung or died"
 _SHM_SIGNS = (
     "failed to extend /dev/shm",  # NCCL's shm transport
     "Error while creating shared memory segment",  # NCCL
@@ -71,7 +73,7 @@ _HINTS = (
     ),
     (
         lambda text, code: any(sign in text for sign in _WATCHDOG),
-        "a collective timed out: a peer rank hung or died",
+        TIMEOUT_HINT,
     ),
     (
         lambda text, code: code in (-9, 137),
@@ -101,24 +103,40 @@ def _log_tail(path: str | None) -> str:
         return ""
 
 
-def hint(record: RankRecord) -> str | None:
-    """What the user should look at, where a known symptom appears anywhere in what was kept:
-    the exception, faulthandler's line, the stderr tail and the tail of the rank's log (a NCCL
-    timeout line sits above C++ frames and every thread's stack, beyond the stderr tail)."""
-    text = "\n".join(
+def _evidence(record: RankRecord) -> str:
+    """Everything kept of how a rank ended: the exception, faulthandler's line, the stderr tail
+    and the tail of the rank's log (a NCCL timeout line sits above C++ frames and every
+    thread's stack, beyond the stderr tail)."""
+    return "\n".join(
         part
         for part in (
             (record.exception or {}).get("message"),
             record.fatal_error,
+            record.last_words,
             *record.stderr_tail,
             _log_tail(record.log),
         )
         if part
     )
+
+
+def hint(record: RankRecord) -> str | None:
+    """What the user should look at, where a known symptom appears anywhere in what was kept."""
+    text = _evidence(record)
     for matches, advice in _HINTS:
         if matches(text, record.returncode):
             return advice
     return None
+
+
+def is_collective_timeout(record: RankRecord) -> bool:
+    """The rank ended on a collective that timed out (NCCL's watchdog, gloo's wait): the rank
+    to blame is the one the others waited for, which the flight records name (culprit.py).
+    A record relayed from another host has no logs: its words (`summary`) carry the hint."""
+    if TIMEOUT_HINT in (record.summary or ""):
+        return True
+    text = _evidence(record)
+    return any(sign in text for sign in _WATCHDOG)
 
 
 # Failures that a restart reproduces exactly: the code cannot be compiled, imported or executed,

@@ -25,6 +25,7 @@ from container_entry.layout import ControlDir, RunDir
 
 REQUEST_ENV = "_CONTAINER_ENTRY_DUMP_REQUEST"  # read (and removed) by _site/sitecustomize.py
 FILE_ENV = "_CONTAINER_ENTRY_DUMP_FILE"
+DEATH_FILE_ENV = "_CONTAINER_ENTRY_DEATH_DUMP_FILE"
 WAIT_SECONDS = 5.0  # for every asked rank's dump to land
 
 
@@ -34,7 +35,11 @@ def listen(control: ControlDir, run: RunDir, rank: int) -> dict[str, str]:
     with contextlib.suppress(FileExistsError):
         os.mkfifo(request, 0o600)
     run.dumps.mkdir(parents=True, exist_ok=True)
-    return {REQUEST_ENV: str(request), FILE_ENV: str(run.dump(rank))}
+    return {
+        REQUEST_ENV: str(request),
+        FILE_ENV: str(run.dump(rank)),
+        DEATH_FILE_ENV: str(run.death_dump(rank)),
+    }
 
 
 def request(control: ControlDir, ranks: Iterable[int]) -> list[int]:
@@ -59,18 +64,28 @@ def collect(
     control: ControlDir, run: RunDir, ranks: Iterable[int], timeout: float = WAIT_SECONDS
 ) -> dict[int, Path]:
     """Ask every rank for a dump and wait until each asked rank's file is complete (or the
-    timeout); {rank: dump file} of those that landed."""
+    timeout); {rank: dump file} of those that landed. A dump lands as a new file (the rank
+    writes it whole, then renames it into place), so one of an earlier request never passes
+    for this one, and stays for a rank that can no longer answer (it died since)."""
     ranks = list(ranks)
-    for rank in ranks:  # a dump of an earlier request must not pass for this one
-        run.dump(rank).unlink(missing_ok=True)
+    before = {rank: _identity(run.dump(rank)) for rank in ranks}
     pending = {rank: run.dump(rank) for rank in request(control, ranks)}
     landed: dict[int, Path] = {}
     deadline = time.monotonic() + timeout
     while pending:
         for rank, path in list(pending.items()):
-            if path.exists():
+            now = _identity(path)
+            if now is not None and now != before[rank]:
                 landed[rank] = pending.pop(rank)
         if not pending or time.monotonic() >= deadline:
             break
-        time.sleep(0.05)
+        time.sleep(0.02)
     return landed
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        status = path.stat()
+    except OSError:
+        return None
+    return status.st_ino, status.st_mtime_ns

@@ -22,7 +22,7 @@ from container_entry.errors import (
     StopRequested,
 )
 from container_entry.exits import ExitCode
-from container_entry.failure import summarized
+from container_entry.failure import is_collective_timeout, summarized
 from container_entry.layout import RunDir
 from container_entry.logs import log, register_secrets
 from container_entry.outcome import Outcome
@@ -246,7 +246,7 @@ class Job:
         supervisor = self.supervisor()
         ending = supervisor.before_launch() or supervisor.monitor(supervisor.launch())
         ending = self._agree_on_first_failure(ending, supervisor.observed)
-        ending = self._explain_hang(ending)
+        ending = self._explain(ending)
         return self.report(outcome, ending, supervisor.observed)
 
     def supervisor(self) -> Supervisor:
@@ -302,10 +302,15 @@ class Job:
         mine = first.host == self.plan.topology.current_host and first.rank in run.results
         return Ending(Kind.FAILED if mine else Kind.PEER_FAILED, first)
 
-    def _explain_hang(self, ending: Ending) -> Ending:
-        """A hang's first line names its culprit where the ranks' collective records show one:
-        this host's records alone, or every host's as the master lined them up."""
-        if ending.kind is not Kind.HUNG or ending.record is None:
+    def _explain(self, ending: Ending) -> Ending:
+        """A hang's first line, or a collective timeout's, names its culprit where the ranks'
+        collective records show one: this host's records alone, or every host's as the master
+        lined them up."""
+        record = ending.record
+        if record is None:
+            return ending
+        timed_out = ending.kind in (Kind.FAILED, Kind.PEER_FAILED) and is_collective_timeout(record)
+        if ending.kind is not Kind.HUNG and not timed_out:
             return ending
         if self.member is None:
             ranks = culprit.local_ranks(self.run_dir, self.plan.topology.current_host)
@@ -314,8 +319,10 @@ class Job:
             return ending
         else:
             found = self.member.hang_culprit(CULPRIT_WAIT)
-        what = culprit.explained(ending.record.what or "hung", found)
-        return Ending(Kind.HUNG, replace(ending.record, what=what))
+        if timed_out:
+            return replace(ending, culprit=found)
+        what = culprit.explained(record.what or "hung", found)
+        return Ending(Kind.HUNG, replace(record, what=what))
 
     def post_failure(self, what: str, exit_code: int) -> None:
         """Tell the other hosts why this one cannot go on: a bootstrap error, or the final

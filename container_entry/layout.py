@@ -69,6 +69,11 @@ class RunDir:
     def dump(self, rank: int) -> Path:
         return self.dumps / f"rank-{rank}.json"
 
+    def death_dump(self, rank: int) -> Path:
+        """Written by the rank itself as it dies of an exception (a request's dump may replace
+        `dump` meanwhile; this one stays)."""
+        return self.dumps / f"exit-rank-{rank}.json"
+
     def internal_error(self, stamp: int) -> Path:
         return self.path / f"internal-error-{stamp}.txt"
 
@@ -89,6 +94,8 @@ class RunDir:
             (self.logs, "rank-*.log"),
             (self.stacks, "rank-*.txt"),
             (self.dumps, "rank-*.json"),
+            (self.dumps, "exit-rank-*.json"),
+            (self.path, "nccl_trace_rank_*"),
         ):
             for stale in folder.glob(pattern):
                 stale.unlink(missing_ok=True)
@@ -160,6 +167,14 @@ class ControlDir:
 
     def dump_request(self, rank: int) -> Path:
         return self.path / f"dump-rank-{rank}.fifo"
+
+    def dump_ranks(self) -> list[int]:
+        """The ranks of this host that listen for dump requests."""
+        names = (p.name.removeprefix("dump-rank-").removesuffix(".fifo") for p in self._fifos())
+        return sorted(int(name) for name in names if name.isdigit())
+
+    def _fifos(self) -> list[Path]:
+        return list(self.path.glob("dump-rank-*.fifo"))
 
     def remove(self) -> None:
         shutil.rmtree(self.path, ignore_errors=True)

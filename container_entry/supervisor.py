@@ -30,7 +30,7 @@ from dataclasses import replace
 from container_entry import culprit, gpu_memory
 from container_entry import settings as knobs
 from container_entry.ending import Ending, Kind, Observed, Seen, decide
-from container_entry.failure import is_cuda_oom, summarized, words
+from container_entry.failure import is_collective_timeout, is_cuda_oom, summarized, words
 from container_entry.hang import PROGRESS_ENV, Activity
 from container_entry.layout import ControlDir, RunDir
 from container_entry.logs import log
@@ -209,11 +209,17 @@ class Supervisor:
                 f"rank {record.rank} on {record.host} failed: stopping this host's workers "
                 "and telling the other hosts"
             )
-            return Winding(*parts, grace, message, self._teller(record))
+            tell = self._teller(record)
+            if is_collective_timeout(record):  # the records name whom it waited for
+                where = (self.control, self.run_dir, self._sharer())
+                return Hanging(*parts, grace, message, *where, tell=tell)
+            return Winding(*parts, grace, message, tell)
         if ending.kind is Kind.LOST_MASTER:
             message = f"lost the master host {ending.master}: recording stacks, stopping"
             return Winding(*parts, grace, message)
         message = "another host failed: recording stacks, stopping this host's workers"
+        if record is not None and is_collective_timeout(record):
+            return Hanging(*parts, grace, message, self.control, self.run_dir, self._sharer())
         return Winding(*parts, grace, message)
 
     def _with_gpu_memory(self, record: RankRecord) -> RankRecord:

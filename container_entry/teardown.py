@@ -7,8 +7,9 @@ of the supervisor until `deadline`, then `force`. Which one runs is the ending's
   hosts, which NCCL's heartbeat thread polls until a rank exits);
 - `Winding` (a failure here or elsewhere, a lost master): stacks first, then torchrun told to
   end its ranks, killed after FAILURE_GRACE_PERIOD;
-- `Hanging` (the hang watchdog): as `Winding`, after the stacks and every rank's
-  flight-recorder records are on disk.
+- `Hanging` (the hang watchdog, or a collective that timed out here or elsewhere): as
+  `Winding`, after the stacks and every rank's flight-recorder records are on disk (and, with
+  several hosts, at the master for the culprit).
 """
 
 from __future__ import annotations
@@ -102,8 +103,9 @@ class Hanging(Winding):
         control: ControlDir,
         run_dir: RunDir,
         share: Callable[[], None] | None = None,
+        tell: Callable[[], None] | None = None,
     ) -> None:
-        super().__init__(process, workers, observed, grace, message)
+        super().__init__(process, workers, observed, grace, message, tell)
         self.control = control
         self.run_dir = run_dir
         self.share = share  # the records to the master, for the culprit across hosts

@@ -69,6 +69,8 @@ from container_entry.relay import RankLog, Relay, relay
 from container_entry.stopping import STOP_SIGNALS
 from container_entry.text import encoded, escaped
 
+PEERS_DUMP_SECONDS = 2.0  # a dump thread answers in milliseconds; bounded for one that cannot
+STACKS_SECONDS = 0.5  # for faulthandler's stacks of this host's other ranks
 STACKS_ENV = "_CONTAINER_ENTRY_STACKS"  # read by _site/sitecustomize.py in the script's Python
 SITE_DIR = str(Path(__file__).resolve().parent / "_site")
 
@@ -303,10 +305,28 @@ class Wrapper:
             log_error=self.trouble.get("log_error"),
             console_error=self.trouble.get("console_error"),
         )
+        if record.failed and not record.stop_signal:
+            self.peers_records(record)
         problem = save_record(self.run_dir.record(self.rank), record.to_json(), self.reserve)
         self.reserve = None  # given back
         if problem:
             self.say(problem)
+
+    def peers_records(self, record: RankRecord) -> None:
+        """A collective timed out here: the records of this host's other ranks, asked for
+        before this wrapper exits, since torchrun ends them as soon as it sees this one gone
+        and the rank they name (the one that never entered the collective) may be among
+        them (culprit.py reads them)."""
+        from container_entry.failure import is_collective_timeout
+        from container_entry.workers import Workers
+
+        if is_collective_timeout(record):
+            started = time.monotonic()
+            stacks = any(Workers(self.control).request_stacks().values())  # where each was
+            peers = [rank for rank in self.control.dump_ranks() if rank != self.rank]
+            flight_recorder.collect(self.control, self.run_dir, peers, PEERS_DUMP_SECONDS)
+            if stacks:  # faulthandler writes at once; the dump wait may already cover it
+                time.sleep(max(0.0, STACKS_SECONDS - (time.monotonic() - started)))
 
     def close(self) -> None:
         self.log.close()

@@ -3,6 +3,9 @@ PYTHONPATH), with no change to the user's script:
 
 - faulthandler on SIGUSR2, so the launcher can record every thread's stack before it tears a
   rank down (`container-entry stacks` uses it too);
+- a flight-recorder dump at a death by exception (a collective that timed out raises in the
+  rank: its records say which collective it waited in; a rank that exits or is killed is not
+  asked then), written at exit beside the requested ones;
 - a flight-recorder dump on request: a daemon thread blocked on the rank's request FIFO (it costs
   nothing until asked) writes torch's collective records as JSON, atomically, when the launcher
   writes a byte there. A thread, not a signal handler: a rank that hangs sits in a collective's
@@ -58,30 +61,46 @@ def _flight_records() -> dict:
     return found
 
 
-def _serve_dumps(request: str, target: str) -> None:
+def _write_dump(target: str) -> None:
     import json
 
+    try:
+        records = _flight_records()
+    except Exception as error:  # never take the rank down
+        records = {"pid": os.getpid(), "errors": {"dump": f"{type(error).__name__}: {error}"}}
+    try:
+        temporary = f"{target}.{os.getpid()}.tmp"
+        with open(temporary, "w", encoding="utf-8") as handle:
+            json.dump(records, handle, default=str)
+        os.replace(temporary, target)  # the launcher waits for the name: complete or absent
+    except OSError:
+        pass
+
+
+def _serve_dumps(request: str, target: str) -> None:
     while True:
         try:
             with open(request, "rb") as fifo:  # blocks until the launcher asks
                 fifo.read()
         except OSError:
             return
-        try:
-            records = _flight_records()
-        except Exception as error:  # never take the rank down
-            records = {"pid": os.getpid(), "errors": {"dump": f"{type(error).__name__}: {error}"}}
-        try:
-            temporary = f"{target}.{os.getpid()}.tmp"
-            with open(temporary, "w", encoding="utf-8") as handle:
-                json.dump(records, handle, default=str)
-            os.replace(temporary, target)  # the launcher waits for the name: complete or absent
-        except OSError:
-            pass
+        _write_dump(target)
+
+
+def _dump_at_death(target: str) -> None:
+    """At exit: the records of a script that died of an exception (Python sets sys.last_value
+    for an uncaught one, never for sys.exit) and had collectives to record."""
+    if getattr(sys, "last_value", None) is not None and "torch.distributed" in sys.modules:
+        _write_dump(target)
 
 
 _request = os.environ.pop("_CONTAINER_ENTRY_DUMP_REQUEST", "")
 _target = os.environ.pop("_CONTAINER_ENTRY_DUMP_FILE", "")
+_death_target = os.environ.pop("_CONTAINER_ENTRY_DEATH_DUMP_FILE", "")
+if _death_target:
+    import atexit
+
+    atexit.register(_dump_at_death, _death_target)
 if _request and _target:
     import threading
 

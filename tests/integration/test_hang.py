@@ -117,12 +117,12 @@ def test_output_on_one_host_keeps_every_host_alive(tmp_path, hosts_file):
     [
         (
             "skip",
-            "hung: rank 3 on algo-2 never entered all_reduce #4 of the default group; "
+            "hung: rank 3 on algo-2 never entered all_reduce #5 of the default group; "
             "the 3 other ranks wait in it since ",
         ),
         (
             "desync",
-            "hung: ranks disagree at collective #4: ranks 0-2 in all_reduce([4096] float32), "
+            "hung: ranks disagree at collective #5: ranks 0-2 in all_reduce([4096] float32), "
             "rank 3 in broadcast([1] int64)",
         ),
     ],
@@ -132,8 +132,8 @@ def test_a_hang_across_hosts_names_its_culprit_first_on_every_host(
 ):
     """Real gloo flight-recorder records (torch 2.9+ records gloo) from both hosts, lined up at
     the master: the first line of every host's failure file names the rank on algo-2 that never
-    entered the 4th all_reduce, or the collective at which the ranks disagree; the per-rank
-    lines and stacks stay below it."""
+    entered the 4th all_reduce (#5, after the barrier), or the collective at which the ranks
+    disagree; the per-rank lines and stacks stay below it."""
     port = "29661" if mode == "skip" else "29671"
     trees, results = _two_hosts(tmp_path, hosts_file, {"mode": mode, "rank": "3"}, port)
     for (returncode, _, err), tree in zip(results, trees, strict=True):
@@ -144,3 +144,74 @@ def test_a_hang_across_hosts_names_its_culprit_first_on_every_host(
         if mode == "skip":  # where the culprit was, from its stack on algo-2
             assert "rank 3 was at fault_probe.py:" in line and " in evaluate" in line, line
         assert "rank 0 was at fault_probe.py:" in _failure(trees[0])  # the per-rank lines stay
+
+
+def _start_without_watchdog(tree, hps, **env):
+    """The probe with no hang watchdog: the collectives' own timeout ends the job."""
+    (tree.base / "code" / "fault_probe.py").write_bytes(PROBE.read_bytes())
+    return start(tree, {name: json.dumps(value) for name, value in hps.items()}, **env)
+
+
+TIMED_OUT = "collective timed out: "
+
+
+def test_a_collective_timeout_on_one_host_names_the_rank_it_waited_for(tmp_path):
+    """gloo's own timeout (3 s) ends rank 0 in the 4th all_reduce (#5), which rank 1 never entered;
+    torchrun then ends rank 1 at once, but its records and stack were asked for before rank
+    0's wrapper exited (rank 0's own at its death): the first line blames rank 1."""
+    tree = make_tree(tmp_path, script=None)
+    hps = {"mode": "skip", "rank": "1", "pg-timeout": "3"}
+    returncode, _, err = finish(_start_without_watchdog(tree, hps), timeout=120)
+    assert returncode == 1, err[-3000:]
+    line = first_line(tree)
+    assert line.startswith(
+        TIMED_OUT + "rank 1 on algo-1 never entered all_reduce #5 of the default group; "
+        "the 1 other rank waits in it since "
+    ), line
+    assert "rank 1 was at fault_probe.py:" in line and " in evaluate" in line, line
+    assert "; rank 0 (local 0) on algo-1: exit code 1: RuntimeError: " in line, line
+    assert "Timed out waiting 3000ms" in line, line
+    assert line.endswith("[first failure]"), line
+
+
+@pytest.mark.parametrize(
+    ("mode", "culprit"),
+    [
+        (
+            "skip",
+            TIMED_OUT + "rank 3 on algo-2 never entered all_reduce #5 of the default group; "
+            "the 3 other ranks wait in it since ",
+        ),
+        (
+            "desync",
+            TIMED_OUT + "ranks disagree at collective #5: ranks 0-2 in all_reduce([4096] float32), "
+            "rank 3 in broadcast([1] int64); ",
+        ),
+    ],
+)
+def test_a_collective_timeout_across_hosts_names_its_culprit_first_on_every_host(
+    tmp_path, hosts_file, mode, culprit
+):
+    """The collectives time out (gloo, 4 s) on both hosts; every host's records, the dead
+    ranks' and the live ones', reach the master, and both failure files start with the rank
+    to blame, then the job's first failure in its usual words."""
+    hosts = ("algo-1", "algo-2")
+    trees = [make_tree(tmp_path, script=None, current_host=h, hosts=hosts) for h in hosts]
+    hps = {"mode": mode, "rank": "3", "pg-timeout": "4"}
+    port = "29681" if mode == "skip" else "29691"
+    processes = [
+        _start_without_watchdog(
+            t,
+            hps,
+            argv_wrap=lambda a: with_hosts_file(a, hosts_file),
+            CONTAINER_ENTRY_MASTER_PORT=port,
+        )
+        for t in trees
+    ]
+    results = [finish(p, timeout=180) for p in processes]
+    for (returncode, _, err), tree in zip(results, trees, strict=True):
+        assert returncode != 0, err[-3000:]
+        line = first_line(tree)
+        assert line.startswith(culprit), (line, err[-3000:])
+        assert line.endswith("[first failure]"), line
+    assert first_line(trees[0]) == first_line(trees[1])

@@ -13,9 +13,12 @@
                     printing in `evaluate`); the others wait in it (a culprit to name)
         desync:     after 3 all_reduces, rank `--rank` calls a broadcast of one int64 where the
                     others call an all_reduce of 4096 float32 (a desync to name)
+--pg-timeout S: the collectives time out after S seconds (gloo's own timeout, as NCCL's
+                watchdog would end them)
 """
 
 import argparse
+import datetime
 import threading
 import time
 
@@ -27,9 +30,13 @@ parser.add_argument("--mode", required=True)
 parser.add_argument("--rank", type=int, default=1)
 parser.add_argument("--seconds", type=float, default=8.0)
 parser.add_argument("--every", type=float, default=1.0)
+parser.add_argument("--pg-timeout", type=float, default=None, help="collectives time out after")
 args = parser.parse_args()
 
-dist.init_process_group("gloo")
+if args.pg_timeout:
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout))
+else:
+    dist.init_process_group("gloo")
 rank = dist.get_rank()
 print(f"rank {rank} ready", flush=True)
 dist.barrier()

@@ -4,6 +4,8 @@ shaped as torch 2.9 and 2.15 write them (`_dump_fr_trace_json`, `_dump_nccl_trac
 from __future__ import annotations
 
 import calendar
+import json
+import os
 import time
 
 import pytest
@@ -158,3 +160,54 @@ def test_rank_ranges_read_as_people_write_them():
     assert ranges([3]) == "rank 3"
     assert ranges([0, 1, 2, 5, 7, 8]) == "ranks 0-2, 5, 7-8"
     assert time.gmtime(T0).tm_hour == 14
+
+
+def _write_run(tmp_path, dumps):
+    from container_entry.layout import RunDir
+
+    run = RunDir(tmp_path / "run")
+    run.dumps.mkdir(parents=True)
+    for name, data in dumps.items():
+        (run.dumps / name).write_text(json.dumps(data))
+    return run
+
+
+def test_a_rank_that_died_of_a_timeout_waited_in_its_last_collective(tmp_path):
+    """gloo marks the call that timed out as retired; the rank's dump at its death still says
+    where it waited: rank 1, whose live dump stops at #3, is named."""
+    from container_entry.culprit import local_ranks
+
+    retired = [entry(seq, backend="gloo") for seq in (1, 2, 3, 4)]
+    run = _write_run(
+        tmp_path,
+        {
+            "exit-rank-0.json": dump(retired, world=2, recorder="generic"),
+            "rank-1.json": dump(retired[:3], world=2, recorder="generic"),
+        },
+    )
+    found = analyse(local_ranks(run, "algo-1"))
+    assert found is not None
+    assert found.startswith("rank 1 on algo-1 never entered all_reduce #4 of the default group")
+
+
+def test_nccl_s_own_timeout_dump_is_read_as_plain_data_and_nothing_else(tmp_path):
+    """NCCL writes a pickle at its watchdog's timeout (`nccl_trace_rank_<N>`): read without
+    loading any class, so a file that names one gives no records instead of running code."""
+    import pickle
+
+    from container_entry.culprit import local_ranks
+
+    run = _write_run(tmp_path, {"rank-1.json": dump([entry(1), entry(2)], world=2)})
+    nccl = dump([entry(1), entry(2), entry(3, done=False)], world=2)["recorders"]["nccl"]
+    (run.path / "nccl_trace_rank_0").write_bytes(pickle.dumps(nccl))
+    found = analyse(local_ranks(run, "algo-1"))
+    assert found and found.startswith("rank 1 on algo-1 never entered all_reduce #3")
+
+    class Planted:
+        def __reduce__(self):
+            return (os.system, ("touch planted",))
+
+    (run.path / "nccl_trace_rank_0").write_bytes(pickle.dumps({"entries": [Planted()]}))
+    (run.path / "nccl_trace_rank_2").write_bytes(b"\x80\x04torn")
+    ranks = {r.rank: r for r in local_ranks(run, "algo-1")}
+    assert set(ranks) == {1} and not (tmp_path / "planted").exists()

@@ -158,3 +158,57 @@ def test_the_failure_file_starts_with_the_verdict_then_where_each_rank_was(tmp_p
     assert result.exit_code == 124
     assert result.reason == "hung: no output from any rank on any host for 600 s"
     assert result.details[0].startswith("  rank 1 was at train.py:8 in stuck")
+
+
+def test_a_collective_timeout_s_culprit_comes_first_then_the_first_failure(tmp_path):
+    failed = record(
+        rank=0, host="algo-1", returncode=1, summary="rank 0 on algo-1: exit code 1: timed out"
+    )
+    culprit = "rank 3 on algo-2 never entered all_reduce #5 of the default group"
+    result = verdict(
+        Ending(Kind.PEER_FAILED, failed, culprit=culprit), Observed(), "algo-2", RunDir(tmp_path)
+    )
+    assert result.reason == (
+        f"collective timed out: {culprit}; rank 0 on algo-1: exit code 1: timed out [first failure]"
+    )
+    plain = verdict(Ending(Kind.PEER_FAILED, failed), Observed(), "algo-2", RunDir(tmp_path))
+    assert plain.reason == "rank 0 on algo-1: exit code 1: timed out [first failure]"
+
+
+@pytest.mark.parametrize(
+    ("fields", "timed_out"),
+    [
+        (
+            {
+                "exception": {
+                    "type": "RuntimeError",
+                    "message": "[gloo] Timed out waiting 1800000ms for recv operation to complete",
+                }
+            },
+            True,
+        ),
+        (
+            {
+                "stderr_tail": [
+                    "[rank1]:[E] Watchdog caught collective operation timeout: "
+                    "WorkNCCL(SeqNum=5, OpType=ALLREDUCE) ran for 600000 ms"
+                ]
+            },
+            True,
+        ),
+        (
+            {
+                "summary": "rank 2 on algo-2: signal SIGABRT (hint: a collective timed out: a peer "
+                "rank hung or died)"
+            },
+            True,
+        ),
+        ({"exception": {"type": "ValueError", "message": "bad batch"}}, False),
+        ({"last_words": "Killed"}, False),
+    ],
+    ids=["gloo", "nccl-watchdog", "relayed-words", "an-exception", "killed"],
+)
+def test_a_collective_timeout_is_told_by_what_the_rank_left(fields, timed_out):
+    from container_entry.failure import is_collective_timeout
+
+    assert is_collective_timeout(record(rank=0, host="algo-1", returncode=1, **fields)) is timed_out

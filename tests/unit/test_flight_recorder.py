@@ -76,3 +76,13 @@ def test_collect_waits_for_each_asked_rank_and_no_longer(tmp_path):
     started = time.monotonic()
     assert flight_recorder.collect(control, run, [0], timeout=0.5) == {}
     assert time.monotonic() - started < 1.5
+
+
+def test_a_rank_that_can_no_longer_answer_keeps_the_dump_it_wrote_before(tmp_path):
+    """A dying rank's wrapper asks its peers for their records before torchrun ends them;
+    the bootstrap asks again later, when some are gone: their earlier dumps must stay."""
+    control, run = folders(tmp_path)
+    flight_recorder.listen(control, run, 3)
+    run.dump(3).write_text('{"recorders": {"generic": {"entries": []}}}')
+    assert flight_recorder.collect(control, run, [3], timeout=0.2) == {}  # nobody listens
+    assert run.dump(3).read_text() == '{"recorders": {"generic": {"entries": []}}}'
