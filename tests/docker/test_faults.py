@@ -123,20 +123,41 @@ def test_docker_stop_signals_every_rank_and_keeps_a_slow_checkpoint(image, tmp_p
     )
 
 
-def test_a_rank_blocked_on_host_two_is_a_hang_on_both_hosts(image, tmp_path):
-    """HANG_TIMEOUT in the 2-container cluster: rank 3 (algo-2) stops printing forever while
-    ranks 0-2 wait for it in an all_reduce; both containers exit 124 naming where each of
-    their ranks was, on torch 2.9's bootstrap-delivered teardown."""
+@pytest.mark.parametrize(
+    ("mode", "culprit"),
+    [
+        ("collective", "rank 3 on algo-2 never entered all_reduce #2 of the default group; "),
+        ("skip", "rank 3 on algo-2 never entered all_reduce #5 of the default group; "),
+        (
+            "desync",
+            "ranks disagree at collective #5: ranks 0-2 in all_reduce([4096] float32), "
+            "rank 3 in broadcast([1] int64)",
+        ),
+    ],
+)
+def test_a_rank_blocked_on_host_two_is_a_hang_on_both_hosts_naming_the_culprit(
+    image, tmp_path, mode, culprit
+):
+    """HANG_TIMEOUT in the 2-container cluster on the faithful stand-in (torch 2.9, gloo
+    records): rank 3 (algo-2) never enters the all_reduce ranks 0-2 wait in (it sleeps
+    without printing), or calls a broadcast where they call an all_reduce; both containers
+    exit 124, the first line of both failure files names the culprit from every host's
+    flight records, and the lines below say where each rank was."""
     timeout = 8
-    hps = {"mode": '"collective"', "rank": "3", "container_entry_hang_timeout": str(timeout)}
+    hps = {"mode": f'"{mode}"', "rank": "3", "container_entry_hang_timeout": str(timeout)}
     job = cluster(image, tmp_path, hps, script=HANG)
     results = job.run(timeout=300)
     logs = "\n".join(f"--- {r.host}\n{r.logs[-2500:]}" for r in results)
     assert [r.exit_code for r in results] == [124, 124], logs
     texts = [(r.tree / "output" / "failure").read_text() for r in results]
+    silence = f"(no output from any rank on any host for {timeout} s)"
     for text in texts:
-        assert text.startswith(f"hung: no output from any rank on any host for {timeout} s\n"), text
-    assert "rank 3 was at hang_probe.py:" in texts[1] and "in quiet_forever" in texts[1]
+        line = text.splitlines()[0]
+        assert line.startswith(f"hung: {culprit}") and line.endswith(silence), line
+    assert texts[0].splitlines()[0] == texts[1].splitlines()[0]
+    if mode == "collective":
+        assert "rank 3 was at hang_probe.py:" in texts[1] and "in quiet_forever" in texts[1]
+        assert "rank 3 was at hang_probe.py:" in texts[0].splitlines()[0]  # the culprit's place
     assert "rank 0 was at hang_probe.py:" in texts[0]
 
 

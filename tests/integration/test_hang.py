@@ -37,7 +37,15 @@ def test_a_hung_rank_ends_the_job_naming_where_each_rank_was(tmp_path, mode, stu
     returncode, _, err = finish(process, timeout=120)
     elapsed = time.monotonic() - started
     assert returncode == 124, err[-3000:]
-    assert first_line(tree) == f"hung: no output from any rank for {TIMEOUT} s"
+    # the culprit first, from both ranks' flight records: rank 1 never entered the collective
+    op = "barrier" if mode == "deadlock" else "all_reduce"
+    line = first_line(tree)
+    assert line.startswith(
+        f"hung: rank 1 on algo-1 never entered {op} #2 of the default group; "
+        "the 1 other rank waits in it since "
+    ), line
+    assert "; rank 1 was at fault_probe.py:" in line and f" in {stuck_in} (" in line, line
+    assert line.endswith(f"(no output from any rank for {TIMEOUT} s)"), line
     text = _failure(tree)
     assert "rank 1 was at fault_probe.py:" in text and f"in {stuck_in}" in text, text
     assert "rank 0 was at fault_probe.py:" in text, text  # the one waiting for it, too
@@ -95,7 +103,11 @@ def test_a_rank_blocked_on_one_host_ends_every_host(tmp_path, hosts_file):
     trees, results = _two_hosts(tmp_path, hosts_file, {"mode": "collective", "rank": "3"}, "29641")
     for (returncode, _, err), tree in zip(results, trees, strict=True):
         assert returncode == 124, err[-3000:]
-        assert first_line(tree) == f"hung: no output from any rank on any host for {TIMEOUT} s"
+        line = first_line(tree)
+        assert line.startswith(
+            "hung: rank 3 on algo-2 never entered all_reduce #2 of the default group; "
+        ), line
+        assert line.endswith(f"(no output from any rank on any host for {TIMEOUT} s)"), line
         assert not any(alive(pid) for pid in worker_pids(tree))
     assert "rank 3 was at fault_probe.py:" in _failure(trees[1])
     assert "in quiet_forever" in _failure(trees[1])
