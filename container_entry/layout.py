@@ -159,6 +159,11 @@ class ControlDir:
     def preflight_failed(self) -> Path:
         return self.path / "preflight-failed"
 
+    def passed_by(self, rank: int) -> Path:
+        """This rank's own preflight passed (in the script's Python: the wrapper cannot tell
+        a failed preflight from a failed script by the exit status alone)."""
+        return self.path / f"preflight-passed-rank-{rank}"
+
     def pid_file(self, rank: int) -> Path:
         return self.path / f"rank-{rank}.pid"
 

@@ -56,6 +56,7 @@ from container_entry.exits import signal_name, signal_number
 from container_entry.hang import report_progress
 from container_entry.layout import CONTROL_ENV, ControlDir, RunDir
 from container_entry.masking import Masker
+from container_entry.preflight_then_script import MARKERS_ENV
 from container_entry.rank_end import (
     exec_failure,
     fatal_error,
@@ -73,6 +74,7 @@ PEERS_DUMP_SECONDS = 2.0  # a dump thread answers in milliseconds; bounded for o
 STACKS_SECONDS = 0.5  # for faulthandler's stacks of this host's other ranks
 STACKS_ENV = "_CONTAINER_ENTRY_STACKS"  # read by _site/sitecustomize.py in the script's Python
 SITE_DIR = str(Path(__file__).resolve().parent / "_site")
+RUNNER = str(Path(__file__).resolve().parent / "preflight_then_script.py")  # run by path
 
 
 def main(argv: list[str]) -> int:
@@ -223,7 +225,12 @@ class Wrapper:
         (a host whose workers did not fail themselves rejoins the new round at torchrun's
         count 0)."""
         preflight = list(self.command.preflight)
-        if preflight and not self.control.preflight_passed.exists():
+        script = command[0]
+        python = script.endswith(".py")
+        due = bool(preflight) and not self.control.preflight_passed.exists()
+        if due and python:  # one Python for both: torch imported once (preflight_then_script)
+            return self._preflight_then(command)
+        if due:
             # the preflight has its own deadline: while it runs it is never a hang (HANG_TIMEOUT)
             checking = threading.Event()
             threading.Thread(target=_keep_alive, args=(checking,), daemon=True).start()
@@ -241,9 +248,25 @@ class Wrapper:
                 return ended
         if preflight:
             report_progress()  # the script's start-up counts from its own start, as at launch
-        script = command[0]
-        program = [sys.executable, "-u", *command] if script.endswith(".py") else command
+        program = [sys.executable, "-u", *command] if python else command
         return self.run_child(program, script)
+
+    def _preflight_then(self, command: list[str]) -> Ended:
+        """The preflight, then the script in the same Python; a failure before this rank's
+        preflight passed is the preflight's (its marker says)."""
+        passed = self.control.passed_by(self.rank)
+        checking = threading.Event()
+        keep_alive = threading.Thread(target=_keep_alive, args=(checking, passed), daemon=True)
+        keep_alive.start()
+        self.env[MARKERS_ENV] = str(self.control.path)
+        try:
+            ended = self.run_child([sys.executable, "-u", RUNNER, *command], command[0])
+        finally:
+            checking.set()
+            self.env.pop(MARKERS_ENV, None)
+        if ended.status and not passed.exists():
+            ended.stage = "preflight"
+        return ended
 
     def run_child(self, argv: list[str], name: str) -> Ended:
         """One child in this rank's slot, its output relayed, to its end. A stop that came
@@ -337,9 +360,12 @@ class Wrapper:
             stream.close()
 
 
-def _keep_alive(done: threading.Event) -> None:
-    """Progress reports for the hang watchdog, every second until `done`."""
+def _keep_alive(done: threading.Event, until: Path | None = None) -> None:
+    """Progress reports for the hang watchdog, every second until `done` (or `until` exists:
+    the preflight passed in the script's own Python, whose silence counts from then)."""
     while not done.wait(1.0):
+        if until is not None and until.exists():
+            return
         report_progress()
 
 
