@@ -13,6 +13,12 @@ own would, without our frames; KeyboardInterrupt ends the process by SIGINT.
 One difference, on purpose: after the preflight the current CUDA device is the rank's own
 (LOCAL_RANK), not GPU 0, so a script that never calls `torch.cuda.set_device` no longer puts
 every rank's tensors on GPU 0.
+
+Not for every script (`shares_python`): CUDA reads CUDA_VISIBLE_DEVICES when it starts, NCCL
+its NCCL_* variables once per process, OpenMP its thread count when torch loads; after the
+preflight in the same process, a script that sets one of them itself would silently get
+other devices, NCCL settings or threads. A script whose text names one of them gets the
+preflight in a process of its own, as before.
 """
 
 from __future__ import annotations
@@ -27,6 +33,22 @@ from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 MARKERS_ENV = "_CONTAINER_ENTRY_PREFLIGHT_MARKERS"  # the control folder; removed before SCRIPT
+# read once per process, before the script could set them after an in-process preflight
+READ_AT_START = (b"CUDA_VISIBLE_DEVICES", b"NCCL_", b"OMP_NUM_THREADS", b"MKL_NUM_THREADS")
+SCAN_BYTES = 8 * 1024 * 1024
+
+
+def shares_python(script: str) -> bool:
+    """Whether the preflight may run in this script's own Python: a Python file whose text
+    does not name a variable that only counts before CUDA, NCCL or OpenMP start."""
+    if not script.endswith(".py"):
+        return False
+    try:
+        with open(script, "rb") as handle:
+            text = handle.read(SCAN_BYTES)
+    except OSError:  # Python itself will say why it cannot run it, in its own process
+        return False
+    return not any(name in text for name in READ_AT_START)
 
 
 def run_as_main(argv: list[str]) -> None:

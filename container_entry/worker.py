@@ -56,7 +56,7 @@ from container_entry.exits import signal_name, signal_number
 from container_entry.hang import report_progress
 from container_entry.layout import CONTROL_ENV, ControlDir, RunDir
 from container_entry.masking import Masker
-from container_entry.preflight_then_script import MARKERS_ENV
+from container_entry.preflight_then_script import MARKERS_ENV, shares_python
 from container_entry.rank_end import (
     exec_failure,
     fatal_error,
@@ -228,7 +228,7 @@ class Wrapper:
         script = command[0]
         python = script.endswith(".py")
         due = bool(preflight) and not self.control.preflight_passed.exists()
-        if due and python:  # one Python for both: torch imported once (preflight_then_script)
+        if due and shares_python(script):  # one Python for both: torch imported once
             return self._preflight_then(command)
         if due:
             # the preflight has its own deadline: while it runs it is never a hang (HANG_TIMEOUT)

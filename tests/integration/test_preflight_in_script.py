@@ -180,3 +180,18 @@ def test_run_as_main_is_python_running_the_script(tmp_path, name, how):
         done = subprocess.run(argv, capture_output=True, cwd=tmp_path, env=env, timeout=60)
         results.append((done.returncode, done.stdout, done.stderr))
     assert results[1] == results[0]
+
+
+def test_a_script_that_sets_what_cuda_or_nccl_read_at_start_keeps_its_own_preflight(tmp_path):
+    """The probe, with one line that names NCCL_DEBUG: the preflight runs in a Python of its
+    own (NCCL reads its variables once per process), and the script in a fresh one."""
+    script = tmp_path / "nccl_probe.py"
+    script.write_text(
+        'import os\nos.environ.setdefault("NCCL_DEBUG", "WARN")\n' + MAIN_PROBE.read_text()
+    )
+    tree, result = _job(tmp_path / "on", preflight=True, script=script)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "preflight ok on algo-1" in result.stdout + result.stderr
+    for facts in _facts(result, tree).values():
+        assert "preflight_then_script.py" not in " ".join(facts["cmdline"])
+        assert facts["preflight_ran_here"] is False
