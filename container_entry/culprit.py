@@ -73,17 +73,40 @@ class Rank:
 
 
 def calls_of(dump: Mapping[str, Any], limit: int = ENTRIES_KEPT) -> list[Call]:
-    """The collectives of one rank's dump (every recorder), the last `limit` of each group."""
+    """The collectives of one rank's dump (every recorder), the last `limit` of each group.
+    A group destroyed and made again under the same name (the preflight's before the
+    script's, in one process; a script that starts its group twice) counts its collectives
+    from 1 again: only its newest life counts."""
     found: dict[tuple[str, int], Call] = {}
     for recorder in _recorders(dump):
-        for entry in recorder.get("entries") or []:
-            call = _call(entry)
-            if call is not None:
-                found[(call.group, call.seq)] = call
+        for (group, seq), call in _newest_lives(recorder.get("entries") or []).items():
+            found[(group, seq)] = call
     by_group: dict[str, list[Call]] = {}
     for call in sorted(found.values(), key=lambda c: (c.group, c.seq)):
         by_group.setdefault(call.group, []).append(call)
     return [call for calls in by_group.values() for call in calls[-limit:]]
+
+
+def _newest_lives(entries: Any) -> dict[tuple[str, int], Call]:
+    """One recorder's calls, oldest first, with each group's older lives dropped."""
+    if not isinstance(entries, list):
+        return {}
+    ordered = sorted((e for e in entries if isinstance(e, Mapping)), key=_record_id)
+    lives: dict[str, dict[int, Call]] = {}
+    for entry in ordered:
+        call = _call(entry)
+        if call is None:
+            continue
+        life = lives.setdefault(call.group, {})
+        if life and call.seq <= max(life):  # counted from 1 again: the group was made anew
+            life.clear()
+        life[call.seq] = call
+    return {(group, seq): call for group, life in lives.items() for seq, call in life.items()}
+
+
+def _record_id(entry: Mapping[str, Any]) -> int:
+    number = entry.get("record_id")
+    return number if isinstance(number, int) else 0
 
 
 def groups_of(dump: Mapping[str, Any]) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -211,3 +211,25 @@ def test_nccl_s_own_timeout_dump_is_read_as_plain_data_and_nothing_else(tmp_path
     (run.path / "nccl_trace_rank_2").write_bytes(b"\x80\x04torn")
     ranks = {r.rank: r for r in local_ranks(run, "algo-1")}
     assert set(ranks) == {1} and not (tmp_path / "planted").exists()
+
+
+def test_only_the_newest_life_of_a_group_made_twice_counts():
+    """The preflight's process group ran 34 collectives under the name "0" in the same process
+    before the script's made its own "0" and counted from 1 again (torch's records keep both):
+    the culprit is in the script's group, not the preflight's long-finished barrier #34."""
+
+    def lives(script_calls, waiting):
+        ops = ["all_reduce"] * 33 + ["barrier"]
+        preflight = [entry(seq, op=op) for seq, op in enumerate(ops, start=1)]
+        script = [entry(seq) for seq in range(1, script_calls + 1)]
+        if waiting:
+            script[-1] = {**script[-1], "retired": False, "state": "started"}
+        return [{**e, "record_id": i} for i, e in enumerate(preflight + script)]
+
+    ranks = [rank(r, "algo-1", lives(5, waiting=True), world=4) for r in (0, 1, 2)]
+    ranks.append(rank(3, "algo-2", lives(4, waiting=False), world=4))
+    found = analyse(ranks)
+    assert found is not None
+    assert found.startswith("rank 3 on algo-2 never entered all_reduce #5 of the default group"), (
+        found
+    )
