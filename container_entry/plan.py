@@ -18,7 +18,6 @@ import json
 import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from container_entry import contract, gpus, hyperparameters, settings, torchrun
@@ -28,11 +27,10 @@ from container_entry.environment import Environment
 from container_entry.hang import AUTO_FACTOR, AUTO_FLOOR, PROGRESS_ENV
 from container_entry.layout import RunDir
 from container_entry.masking import MASK, Masker, argv_pairs, is_secret_name, secret_values
+from container_entry.preflight_then_script import PREFLIGHT_SCRIPT
 from container_entry.settings import Settings
 from container_entry.worker_defaults import Defaults, threads, worker_env
 
-# what each rank runs before the script (as `python -u PREFLIGHT_SCRIPT`, by the worker wrapper)
-PREFLIGHT_SCRIPT = str(Path(__file__).resolve().parent / "preflight.py")
 MAX_ARG_STRLEN = 131072  # Linux: the most bytes one argv or environment string may hold
 
 

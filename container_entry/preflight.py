@@ -1,10 +1,11 @@
 """Preflight: a short torchrun pass before the user's script that finds a broken node first.
 
-The pass runs on every rank inside the job's own torchrun launch: each rank's worker wrapper
-starts this file as a script (`python -u <plan.PREFLIGHT_SCRIPT>`, in the job's own Python: the
-stdlib, torch and this package) before the user's script, which starts only once it passed, so
-the check costs one Python start, not a second torchrun launch; the wrapper reports progress for
-it to the hang watchdog (it has its own deadline). Its stages:
+The pass runs on every rank inside the job's own torchrun launch, before the user's script,
+which starts only once it passed: in the script's own Python (preflight_then_script.py calls
+`run()`, so `import torch` is paid once), or, for an entry that is not Python or names what
+CUDA, NCCL or OpenMP read at start, as a program of its own (`python -u PREFLIGHT_SCRIPT`,
+by the worker wrapper). Either way no second torchrun launch; the wrapper reports progress
+for it to the hang watchdog (it has its own deadline). Its stages:
 
   connect     reach the job's TCPStore (every rank reports its stage there)
   gpu-count   the GPUs torch sees match what the plan counted

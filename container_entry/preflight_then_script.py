@@ -33,15 +33,19 @@ from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 MARKERS_ENV = "_CONTAINER_ENTRY_PREFLIGHT_MARKERS"  # the control folder; removed before SCRIPT
+# what each rank runs before the script (plan.py puts it in the command record); a program of
+# its own when it cannot share the script's Python (`python -u PREFLIGHT_SCRIPT`)
+PREFLIGHT_SCRIPT = str(Path(__file__).resolve().parent / "preflight.py")
 # read once per process, before the script could set them after an in-process preflight
 READ_AT_START = (b"CUDA_VISIBLE_DEVICES", b"NCCL_", b"OMP_NUM_THREADS", b"MKL_NUM_THREADS")
 SCAN_BYTES = 8 * 1024 * 1024
 
 
-def shares_python(script: str) -> bool:
-    """Whether the preflight may run in this script's own Python: a Python file whose text
-    does not name a variable that only counts before CUDA, NCCL or OpenMP start."""
-    if not script.endswith(".py"):
+def shares_python(preflight: list[str], script: str) -> bool:
+    """Whether the preflight may run in this script's own Python: ours (not another program),
+    and a Python file whose text does not name a variable that only counts before CUDA, NCCL
+    or OpenMP start."""
+    if preflight != [PREFLIGHT_SCRIPT] or not script.endswith(".py"):
         return False
     try:
         with open(script, "rb") as handle:

@@ -228,7 +228,7 @@ class Wrapper:
         script = command[0]
         python = script.endswith(".py")
         due = bool(preflight) and not self.control.preflight_passed.exists()
-        if due and shares_python(script):  # one Python for both: torch imported once
+        if due and shares_python(preflight, script):  # one Python for both: torch imported once
             return self._preflight_then(command)
         if due:
             # the preflight has its own deadline: while it runs it is never a hang (HANG_TIMEOUT)

@@ -275,7 +275,7 @@ def test_the_probe_is_torchs_view_in_this_process():
 
 
 def test_the_preflight_and_the_probe_are_files_the_plan_and_the_check_run():
-    from container_entry.plan import PREFLIGHT_SCRIPT
+    from container_entry.preflight_then_script import PREFLIGHT_SCRIPT
 
     assert Path(preflight.__file__).resolve() == Path(PREFLIGHT_SCRIPT)
     assert Path(torch_gpus.__file__).resolve() == Path(torch_gpus.PROGRAM).resolve()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from container_entry.preflight_then_script import READ_AT_START, shares_python
+from container_entry.preflight_then_script import PREFLIGHT_SCRIPT, READ_AT_START, shares_python
 
 
 @pytest.mark.parametrize(
@@ -21,7 +21,7 @@ from container_entry.preflight_then_script import READ_AT_START, shares_python
 def test_a_script_that_names_a_variable_read_at_start_keeps_its_own_preflight(tmp_path, text):
     script = tmp_path / "train.py"
     script.write_bytes(text)
-    assert not shares_python(str(script))
+    assert not shares_python([PREFLIGHT_SCRIPT], str(script))
 
 
 def test_names_read_at_start_are_all_covered():
@@ -40,8 +40,15 @@ def test_names_read_at_start_are_all_covered():
 def test_other_scripts_share_it_when_they_are_python(tmp_path, name, text, shares):
     script = tmp_path / name
     script.write_bytes(text)
-    assert shares_python(str(script)) is shares
+    assert shares_python([PREFLIGHT_SCRIPT], str(script)) is shares
 
 
 def test_a_script_that_cannot_be_read_keeps_its_own(tmp_path):
-    assert not shares_python(str(tmp_path / "missing.py"))
+    assert not shares_python([PREFLIGHT_SCRIPT], str(tmp_path / "missing.py"))
+
+
+def test_another_preflight_program_keeps_its_own_process(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    assert shares_python([PREFLIGHT_SCRIPT], str(script))
+    assert not shares_python([str(tmp_path / "check.py")], str(script))
