@@ -264,6 +264,7 @@ class Supervisor:
             process.kill()
             process.wait()
         pump.join(timeout=2)
+        self.workers.wait_gone()
         reap_orphans()
         self.look(time.monotonic(), always=True)
         self.control.remove()

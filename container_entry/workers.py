@@ -18,6 +18,8 @@ from pathlib import Path
 from container_entry.layout import ControlDir
 from container_entry.records import WorkerPids
 
+GONE_SECONDS = 5.0  # for killed ranks to be gone before the launcher exits
+
 
 def children(pid: int) -> list[int]:
     """The live (not yet exited) child processes of `pid`, from /proc."""
@@ -90,6 +92,14 @@ class Workers:
                     os.kill(pids.child, signal.SIGUSR2)
                     asked[rank] = True
         return asked
+
+    def wait_gone(self, timeout: float = GONE_SECONDS) -> None:
+        """Until every known rank process has exited (a SIGKILL is delivered, not yet done,
+        when kill() returns): nothing of the job outlives the launcher. Bounded."""
+        pids = [pid for p in self.known.values() for pid in (p.wrapper, p.child)]
+        deadline = time.monotonic() + timeout
+        while any(not exited(pid) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def capture_stacks(self, wait: float = 0.5) -> None:
         """Every rank's stacks on disk before it is torn down."""
