@@ -34,6 +34,17 @@ def start_seconds(firsts: list[Event], started: dict[str, float]) -> float:
     return max(e.t - started[e.host] for e in firsts)
 
 
+def first_step_seconds(ticks: list[Event], started: dict[str, float]) -> float | None:
+    """Container start -> the first training step done, the slowest rank's: the start with
+    the script's own imports (`import torch`, which the preflight in the script's Python has
+    already paid), which the first line alone does not show."""
+    firsts = {}
+    for e in ticks:
+        if e.seq == 0 and e.rank is not None:
+            firsts[e.rank] = e.t - started[e.host]
+    return max(firsts.values()) if firsts else None
+
+
 def log_latencies(ticks: list[Event]) -> list[float]:
     """Print -> arrival on the container's stdout, per tick line."""
     return [e.arrival - e.t for e in ticks if e.seq >= SKIPPED_TICKS]
@@ -62,6 +73,7 @@ def _take_job_figures(run: Run, cluster: Cluster, tap: LogTap, config: Config) -
     if len(firsts) >= config.world:
         run.start_s = start_seconds(firsts, started)
     run.preflight_s = max(tap.preflight_seconds(), default=None)
+    run.first_step_s = first_step_seconds(ticks, started)
     latencies = log_latencies(ticks)
     if latencies:
         run.log_median_s = statistics.median(latencies)

@@ -45,6 +45,7 @@ class Run:
     # scenario "job": start, log latency, throughput, then `docker stop`
     start_s: float | None = None
     preflight_s: float | None = None  # of it: the slowest host's preflight, as its ok line says
+    first_step_s: float | None = None  # container start -> the first training step done
     log_median_s: float | None = None
     log_max_s: float | None = None
     log_lines: int = 0
