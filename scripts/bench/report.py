@@ -58,7 +58,7 @@ def rows(results: Results) -> list[Row]:
             "≤ 1.15x bare torchrun (median)", median_within(1.15), "job", "no first line"),
         Row("... of it: the preflight, as its `preflight ok` line says (slowest host, s)",
             "preflight_s", 1, 2, "-", None, "job", "no preflight", ours_only=True),
-        Row("container start → the first training step done (s): imports included",
+        Row("... to the first training step done, from container start (s): imports included",
             "first_step_s", 1, 2, "-", None, "job", "no step"),
         Row("print → visible on the container's stdout, median line (ms)", "log_median_s", 1000,
             0, "≤ 1 s (every run)", every_run_under(1.0), "job", "no tick lines"),
