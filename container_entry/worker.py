@@ -328,12 +328,15 @@ class Wrapper:
             log_error=self.trouble.get("log_error"),
             console_error=self.trouble.get("console_error"),
         )
-        if record.failed and not record.stop_signal:
-            self.peers_records(record)
         problem = save_record(self.run_dir.record(self.rank), record.to_json(), self.reserve)
         self.reserve = None  # given back
         if problem:
             self.say(problem)
+        # after the record: the bootstrap hears of the failure at once (the job's first failure
+        # is decided by when each host's arrives), while torchrun, which ends this host's other
+        # ranks when this wrapper exits, waits for their records
+        if record.failed and not record.stop_signal:
+            self.peers_records(record)
 
     def peers_records(self, record: RankRecord) -> None:
         """A collective timed out here: the records of this host's other ranks, asked for
