@@ -83,11 +83,11 @@ def test_a_slow_but_steady_job_is_never_declared_hung(tmp_path, hps):
     assert (tree.output / "success").exists()
 
 
-def _two_hosts(tmp_path, hosts_file, hps, port):
+def _two_hosts(tmp_path, hosts_file, hps, port, starter=None):
     hosts = ("algo-1", "algo-2")
     trees = [make_tree(tmp_path, script=None, current_host=h, hosts=hosts) for h in hosts]
     processes = [
-        _start(
+        (starter or _start)(
             t,
             hps,
             argv_wrap=lambda a: with_hosts_file(a, hosts_file),
@@ -207,20 +207,9 @@ def test_a_collective_timeout_across_hosts_names_its_culprit_first_on_every_host
     """The collectives time out (gloo, 4 s) on both hosts; every host's records, the dead
     ranks' and the live ones', reach the master, and both failure files start with the rank
     to blame, then the job's first failure in its usual words."""
-    hosts = ("algo-1", "algo-2")
-    trees = [make_tree(tmp_path, script=None, current_host=h, hosts=hosts) for h in hosts]
     hps = {"mode": mode, "rank": "3", "pg-timeout": "4"}
     port = "29681" if mode == "skip" else "29691"
-    processes = [
-        _start_without_watchdog(
-            t,
-            hps,
-            argv_wrap=lambda a: with_hosts_file(a, hosts_file),
-            CONTAINER_ENTRY_MASTER_PORT=port,
-        )
-        for t in trees
-    ]
-    results = [finish(p, timeout=180) for p in processes]
+    trees, results = _two_hosts(tmp_path, hosts_file, hps, port, _start_without_watchdog)
     for (returncode, _, err), tree in zip(results, trees, strict=True):
         assert returncode != 0, err[-3000:]
         line = first_line(tree)

@@ -16,16 +16,21 @@ def _free(path: Path) -> float:
     return shutil.disk_usage(path).free / GIB
 
 
-def test_too_little_room_is_one_line_with_what_is_needed_and_free_and_exit_1(tmp_path):
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "scripts.disk_space", "--for", "demo", "--need-gib", "1000000"),
-            *("--repo", str(tmp_path), "--docker-root", str(tmp_path / "not" / "yet")),
-        ],
+def _disk_space(*args: str) -> subprocess.CompletedProcess:
+    """The check as make runs it, from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", "scripts.disk_space", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
         check=False,
+    )
+
+
+def test_too_little_room_is_one_line_with_what_is_needed_and_free_and_exit_1(tmp_path):
+    result = _disk_space(
+        *("--for", "demo", "--need-gib", "1000000"),
+        *("--repo", str(tmp_path), "--docker-root", str(tmp_path / "not" / "yet")),
     )
     assert result.returncode == 1
     lines = result.stderr.splitlines()
@@ -37,16 +42,7 @@ def test_too_little_room_is_one_line_with_what_is_needed_and_free_and_exit_1(tmp
 
 
 def test_enough_room_says_nothing_and_exits_0(tmp_path):
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "scripts.disk_space", "--need-gib", "0"),
-            *("--repo", str(tmp_path), "--docker-root", str(tmp_path)),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    result = _disk_space("--need-gib", "0", "--repo", str(tmp_path), "--docker-root", str(tmp_path))
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
 
 
