@@ -13,6 +13,9 @@ DEMO_IMAGE   ?= container-entry:demo
 VENV         ?= .venv
 PYTHON       := $(VENV)/bin/python
 PYTEST_ARGS  ?=
+# make test: pytest-xdist workers (the jobs under test mostly wait on real time: more workers
+# than CPUs; docs/test-speed.md)
+TEST_WORKERS ?= 4
 SCRIPT       ?= examples/hf_trainer_tiny.py
 ARGS         ?=
 GPUS         ?= all
@@ -33,6 +36,7 @@ help: ## list targets and variables
 	@echo "              a shell would split it but never evaluated"
 	@echo "  GPUS        docker --gpus value for run (all; none for a CPU-only machine)"
 	@echo "  PYTEST_ARGS extra pytest arguments for test"
+	@echo "  TEST_WORKERS pytest-xdist workers for test ($(TEST_WORKERS))"
 	@echo "  VERSION     version tag for push, immutable in ECR (default: pyproject's, $(VERSION))"
 	@echo "  REVISION    git revision tag for push, immutable in ECR (default: git HEAD, $(REVISION))"
 	@echo "  MOVING_TAG  tag push moves to every new image ($(MOVING_TAG))"
@@ -69,7 +73,7 @@ demo: docker demo-disk venv standin ## build stand-in + image, run a 2-host x 2-
 		--hp epochs=3 --hp learning-rate=0.005
 
 test: docker test-disk venv ## run every test (unit, real torchrun, docker cluster); needs a docker engine
-	$(PYTHON) -m pytest $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Free disk first: one line and exit 1 now, not `no space left on device` minutes into a build.
 demo-disk test-disk: docker

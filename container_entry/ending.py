@@ -70,7 +70,7 @@ def decide(seen: Seen) -> Ending | None:
     failures = seen.failures
     # a failure that would repeat identically is not worth a restart (failure.permanent)
     if failures and (seen.restarts == 0 or seen.exited or any(map(permanent, failures))):
-        return Ending(Kind.FAILED, min(failures, key=lambda r: r.ended_at or 0))
+        return Ending(Kind.FAILED, min(failures, key=lambda r: r.began or 0))
     if seen.lost_master is not None:
         return Ending(Kind.LOST_MASTER, master=seen.lost_master)
     if seen.relayed is not None and is_hang(seen.relayed):

@@ -294,7 +294,7 @@ class Job:
             return ending
         own = [r for r in run.results.values() if r.failed and not r.stop_signal]
         if own:
-            earliest = min(own, key=lambda r: r.ended_at or float("inf"))
+            earliest = min(own, key=lambda r: r.began or float("inf"))
             member.post_failure(summarized(earliest, self.plan.max_restarts))
         first = member.first_failure(FIRST_FAILURE_WAIT)
         if first is None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from container_entry.records import write_json
-from container_entry.text import escaped
+from container_entry.text import TRACEBACK, escaped
 
 _EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*)(?::\s?(.*))?$")
 _RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")  # torch.distributed's excepthook adds it
@@ -30,7 +30,7 @@ def parse_exception(stderr_tail: list[str]) -> dict[str, str] | None:
     lines = [_RANK_PREFIX.sub("", line) for line in stderr_tail]
     start = None
     for index, line in enumerate(lines):
-        if line.startswith("Traceback (most recent call last):"):
+        if line.startswith(TRACEBACK):
             start = index
     location = None
     if start is None:  # a SyntaxError in the entry script itself: no traceback header

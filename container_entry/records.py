@@ -33,6 +33,10 @@ class RankRecord:
     stop_signal: str | None = None  # a stop the wrapper saw before the script ended
     stop_requested_at: float | None = None
     started_at: float | None = None
+    # when the failure began, as its wrapper saw it: the start of the script's last traceback
+    # (printed before the interpreter's exit closes the rank's sockets, so a peer's error about
+    # them begins later even when that peer exits first); None: no traceback, see ended_at
+    failed_at: float | None = None
     ended_at: float | None = None
     stderr_tail: list[str] = field(default_factory=list)
     log: str | None = None
@@ -47,6 +51,11 @@ class RankRecord:
     @property
     def failed(self) -> bool:
         return bool(self.returncode)
+
+    @property
+    def began(self) -> float | None:
+        """When the failure began, for which came first: failed_at, else ended_at."""
+        return self.failed_at if self.failed_at is not None else self.ended_at
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

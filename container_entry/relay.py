@@ -21,8 +21,9 @@ from pathlib import Path
 from container_entry.console import Console, write_fully
 from container_entry.hang import report_progress
 from container_entry.masking import Masker
-from container_entry.text import escaped
+from container_entry.text import TRACEBACK, escaped
 
+_TRACEBACK = TRACEBACK.encode()
 _TAIL_BYTES = 65536
 _READ_BYTES = 65536  # below malloc's mmap threshold: no mmap/munmap per read
 _PIPE_BYTES = 1 << 20  # the script's pipes: what it may write while the relay sleeps
@@ -126,6 +127,9 @@ class Relay:
         self.masker = masker
         self.tail: collections.deque[bytes] | None = collections.deque() if keep_tail else None
         self.tail_size = 0
+        # when the stream's last traceback began: a rank's failure, timed before its exit closes
+        # its sockets (a peer's error about them comes after: records.RankRecord.failed_at)
+        self.traceback_at: float | None = None
         self.pending = b""
         self.after_cr = False  # the last line emitted ended with \r: a leading \n is its end
 
@@ -188,6 +192,8 @@ class Relay:
             prefix = self.prefix
             self.console.write(prefix + block[:-1].replace(b"\n", b"\n" + prefix) + b"\n")
         if self.tail is not None:
+            if _TRACEBACK in block:
+                self.traceback_at = time.time()
             self.tail.append(block)
             self.tail_size += len(block)
             while self.tail_size > _TAIL_BYTES and len(self.tail) > 1:

@@ -22,6 +22,8 @@ import json
 import re
 from typing import Any
 
+TRACEBACK = "Traceback (most recent call last):"  # the first line of a Python traceback
+
 ESCAPE = "container-entry-escape"  # the error handler for every text the bootstrap writes
 
 

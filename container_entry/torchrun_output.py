@@ -13,6 +13,7 @@ from collections import deque
 
 from container_entry import logs
 from container_entry.console import locked_write
+from container_entry.text import TRACEBACK
 
 # argparse's last line when torchrun rejects its command line ("run.py: error: ...")
 USAGE_ERROR = re.compile(r"^(?:\S*run\.py|torchrun|\S+): error: (.+)$")
@@ -38,7 +39,7 @@ class TorchrunOutput:
     A traceback of torchrun's is held until its exception line says whether it is the
     failure report; any other (a rendezvous or store error) is shown whole."""
 
-    TRACEBACK = b"Traceback (most recent call last):"
+    TRACEBACK = TRACEBACK.encode()
     CHILD_FAILED = b"ChildFailedError"  # torch.distributed.elastic.multiprocessing.errors
     NO_PARENT_FILE = b"no error file defined for parent"  # @record on torchrun's own main
 

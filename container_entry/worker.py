@@ -155,8 +155,10 @@ class Ended:
         status: int,
         start_error: dict[str, str] | None = None,
         stderr_tail: Sequence[str] = (),
+        failed_at: float | None = None,
     ) -> None:
         self.status = status
+        self.failed_at = failed_at
         self.start_error = start_error
         self.stderr_tail = list(stderr_tail)
         self.stage: str | None = None
@@ -299,7 +301,7 @@ class Wrapper:
         assert child.stdout is not None and child.stderr is not None
         streams = [child.stdout.fileno(), child.stderr.fileno()]
         status = relay(child, list(zip(streams, relays, strict=True)))
-        return Ended(status, None, relays[1].tail_lines())
+        return Ended(status, None, relays[1].tail_lines(), relays[1].traceback_at)
 
     def save(self, ended: Ended) -> None:
         """The rank's record, for the bootstrap's monitor and failure file; said on the
@@ -322,6 +324,7 @@ class Wrapper:
             stop_signal=self.stop.name,
             stop_requested_at=self.stop.at,
             started_at=self.started,
+            failed_at=ended.failed_at if status else None,
             ended_at=time.time(),
             stderr_tail=lines[-40:],
             log=str(self.run_dir.log(self.rank)),

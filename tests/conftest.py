@@ -1,23 +1,71 @@
 """Fixtures every docker-using test shares: the engine, the DLC stand-in and the product image,
 built once per session the way a person builds it (`make build`) on the stand-in.
 
+`make test` runs the tests in several pytest-xdist workers: an image is built by the first
+worker that needs it while the others wait on a lock (build/locks), then found up to date;
+the tests of one docker or delivery module stay on one worker (their module fixtures: one
+cluster image, one registry); each worker's jobs keep their control folders under a TMPDIR
+of their own (`container-entry stacks` lists the launches of its TMPDIR) and take their
+ports from tests/ports.py.
+
 In CI (CI set) a missing engine or tool is a failure, never a skip: .ci/run starts one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests import ports
 
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = os.environ.get("STANDIN", "container-entry/dlc-standin:latest")
 IMAGE = "container-entry:test"
 LEAN_BASE = "container-entry/lean-base:test"
 LEAN_IMAGE = "container-entry:test-lean"
+# seconds within which a rank that returned from its stop handler is gone, and a bootstrap
+# after its last rank: about 1 s on an idle machine, more with the tests in parallel; far
+# below the grace period a rank held alive (a frozen store) waits out
+EXIT_BOUND = 5.0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:  # before anything has asked tempfile for its folder in this worker
+        private = Path(tempfile.gettempdir()) / f"container-entry-tests-{os.getpid()}-{worker}"
+        private.mkdir(exist_ok=True)
+        os.environ["TMPDIR"] = str(private)
+        tempfile.tempdir = None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath)).relative_to(REPO)
+        if path.parts[:2] in (("tests", "docker"), ("tests", "delivery")):
+            item.add_marker(pytest.mark.xdist_group(name=path.as_posix()))
+
+
+@pytest.fixture(autouse=True)
+def _ports_of_this_test() -> None:
+    ports.new_test()
+
+
+@contextlib.contextmanager
+def one_builder(name: str) -> Iterator[None]:
+    """One xdist worker (or one session) builds `name` at a time; the next finds it built."""
+    locks = REPO / "build" / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"{name.replace('/', '_').replace(':', '_')}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def unavailable(message: str) -> None:
@@ -45,19 +93,21 @@ def docker_client(docker_engine):
 
 @pytest.fixture(scope="session")
 def standin(docker_engine) -> str:
-    subprocess.run([str(REPO / "scripts" / "build-standin.sh"), STANDIN], check=True)
+    with one_builder(STANDIN):
+        subprocess.run([str(REPO / "scripts" / "build-standin.sh"), STANDIN], check=True)
     return STANDIN
 
 
 def make_build(base: str, tag: str) -> str:
     """The product image on `base`: `make build`, as a person builds it."""
-    result = subprocess.run(
-        ["make", "--no-print-directory", "build", f"BASE_IMAGE={base}", f"IMAGE={tag}"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    with one_builder(tag):
+        result = subprocess.run(
+            ["make", "--no-print-directory", "build", f"BASE_IMAGE={base}", f"IMAGE={tag}"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
     if result.returncode != 0:
         raise AssertionError(
             f"make build failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
@@ -75,11 +125,17 @@ def image(standin) -> str:
 def lean_base(standin) -> str:
     """Debian's python3 venv and nothing else (the stand-in build made its Debian base)."""
     dockerfile = REPO / "tests" / "delivery" / "lean-base.Dockerfile"
-    subprocess.run(
-        ["docker", "build", "-q", "-t", LEAN_BASE, "-f", str(dockerfile), str(dockerfile.parent)],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
+    with one_builder(LEAN_BASE):
+        subprocess.run(
+            [
+                *("docker", "build", "-q", "-t", LEAN_BASE),
+                "-f",
+                str(dockerfile),
+                str(dockerfile.parent),
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
     return LEAN_BASE
 
 

@@ -46,12 +46,18 @@ class FirstFailure:
         return change
 
 
+def began(failure: Mapping[str, Any]) -> Any:
+    """When a relayed failure began (RankRecord.began): failed_at, else ended_at."""
+    failed_at = failure.get("failed_at")
+    return failed_at if failed_at is not None else failure.get("ended_at")
+
+
 def earlier(
     new: Mapping[str, Any], new_skew: float | None, old: Mapping[str, Any], old_skew: float | None
 ) -> bool:
-    """Whether failure `new` ended before `old`, where both hosts' clocks allow saying so (each
+    """Whether failure `new` began before `old`, where both hosts' clocks allow saying so (each
     measured and within CLOCK_TOLERANCE of the master's); else arrival order stands."""
-    new_end, old_end = new.get("ended_at"), old.get("ended_at")
+    new_end, old_end = began(new), began(old)
     if not isinstance(new_end, int | float) or not isinstance(old_end, int | float):
         return False
     if new_skew is None or old_skew is None:

@@ -290,9 +290,10 @@ class Member:
             return
         if self.aborted.is_set():
             arrived = self.aborted_at
-            if failure.rank is None or failure.ended_at is None or arrived is None:
+            began = failure.began
+            if failure.rank is None or began is None or arrived is None:
                 return
-            if failure.ended_at > arrived:
+            if began > arrived:
                 return
         self.posted = True
         self._send(Failed(type=Kind.FAILED, failure=fitted(failure.relayed())))

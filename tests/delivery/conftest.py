@@ -15,7 +15,6 @@ import base64
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import LEAN_BASE, LEAN_IMAGE, unavailable
+from tests.ports import job_port
 
 __all__ = ["LEAN_BASE", "LEAN_IMAGE", "unavailable"]
 STANDIN = LEAN_BASE  # the base the delivery tests build on (tests/delivery/lean-base.Dockerfile)
@@ -49,12 +49,6 @@ MANIFEST_TYPES = ", ".join(
         "application/vnd.oci.image.manifest.v1+json",
     )
 )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def wait_http(url: str, process: subprocess.Popen, log: Path, timeout: float = 30) -> None:
@@ -126,7 +120,7 @@ def aws_api(tmp_path_factory) -> Iterator[AwsApi]:
     server = VENV_BIN / "moto_server"
     if not server.exists():
         unavailable(f"{server} missing: make venv")
-    port = free_port()
+    port = job_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
     with log.open("w") as out:
         process = subprocess.Popen(
@@ -194,7 +188,7 @@ def registry(aws_api, tmp_path_factory) -> Iterator[Registry]:
     root = tmp_path_factory.mktemp("registry")
     hashed = bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=6)).decode()
     (root / "htpasswd").write_text(f"{username}:{hashed}\n")
-    port = free_port()
+    port = job_port()
     (root / "config.yml").write_text(
         "\n".join(
             [

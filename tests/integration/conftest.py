@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ports import this_test_port
+
 REPO = Path(__file__).resolve().parents[2]
 TRAINER = REPO / "examples" / "hf_trainer_tiny.py"
 PROBE = REPO / "tests" / "scripts" / "ddp_probe.py"
@@ -65,6 +67,13 @@ def make_tree(
     return MlTree(base)
 
 
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
 def bootstrap_env(tree: MlTree, **extra: str) -> dict[str, str]:
     env = {
         k: v
@@ -72,6 +81,10 @@ def bootstrap_env(tree: MlTree, **extra: str) -> dict[str, str]:
         if not k.startswith(("SM_", "PET_", "SAGEMAKER_", "CONTAINER_ENTRY_"))
     }
     env.update({"SAGEMAKER_BASE_DIR": str(tree.base), "CONTAINER_ENTRY_HOST_WAIT_TIMEOUT": "20"})
+    hyperparameters = tree.base / "input" / "config" / "hyperparameters.json"
+    if b"container_entry_master_port" not in _read(hyperparameters):  # the job's own choice
+        # not 29500: tests run concurrently (tests/ports.py)
+        env["CONTAINER_ENTRY_MASTER_PORT"] = str(this_test_port())
     env.update(tree.extra_env)
     env.update(extra)
     return env

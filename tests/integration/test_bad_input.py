@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import PROBE, bootstrap_argv, bootstrap_env, make_tree, run
-from tests.integration.test_relay import free_port
+from tests.ports import job_port
 
 
 def corrupt_resourceconfig(tree):
@@ -236,7 +236,7 @@ def test_a_missing_entry_script_beside_a_name_that_is_not_utf8_is_bad_input(tmp_
         tree,
         SAGEMAKER_PROGRAM="ddp_probe.py",
         PIP_NO_INDEX="1",
-        CONTAINER_ENTRY_MASTER_PORT=str(free_port()),  # not 29500: other jobs may hold it
+        CONTAINER_ENTRY_MASTER_PORT=str(job_port()),  # not 29500: other jobs may hold it
     )
     code, _, err = run_bytes(bootstrap_argv(), env)
     assert code == 2, err[-2000:]
@@ -265,7 +265,7 @@ def odd_job(tmp_path, *, script: bytes, program: bytes | None = None, hps=None, 
     tree = make_tree(Path(root), script=None, hyperparameters=hps)
     with open(os.fsencode(tree.base / "code") + b"/" + script, "wb") as handle:
         handle.write(ECHO if script.endswith(b".py") else b"echo no interpreter line\n")
-    env = bootstrap_env(tree, PET_NPROC_PER_NODE="1", CONTAINER_ENTRY_MASTER_PORT=str(free_port()))
+    env = bootstrap_env(tree, PET_NPROC_PER_NODE="1", CONTAINER_ENTRY_MASTER_PORT=str(job_port()))
     environ = {os.fsencode(k): os.fsencode(v) for k, v in env.items()}
     environ[b"SAGEMAKER_PROGRAM"] = program or script
     environ[b"ODD_VALUE"] = b"\xe9\xff"

@@ -19,6 +19,7 @@ from tests.integration.conftest import (
     run,
     with_hosts_file,
 )
+from tests.ports import job_port
 
 V2_HPS = {  # SDK v2 framework estimator encoding: every value JSON-encoded
     "epochs": "3",
@@ -62,7 +63,7 @@ def test_two_hosts_on_one_machine(tmp_path, hosts_file):
     hps_program = {
         "SAGEMAKER_PROGRAM": "ddp_probe.py",
         "PET_NPROC_PER_NODE": "2",
-        "CONTAINER_ENTRY_MASTER_PORT": "29611",
+        "CONTAINER_ENTRY_MASTER_PORT": str(job_port()),
     }
     processes = [
         subprocess.Popen(
@@ -130,6 +131,7 @@ def test_torchrun_style_environment_only_two_nodes(tmp_path, script):
     """Kubernetes-style: PET_* only, no SageMaker files; the script from the command line, by
     its path or (`train ddp_probe.py` from /, the code in <base>/code) by its name."""
     processes = []
+    port = str(job_port())
     for rank in (0, 1):
         base = tmp_path / f"node-{rank}"
         tree = make_tree_stub(base)
@@ -143,7 +145,7 @@ def test_torchrun_style_environment_only_two_nodes(tmp_path, script):
             PET_NNODES="2",
             PET_NODE_RANK=str(rank),
             PET_MASTER_ADDR="127.0.0.1",
-            PET_MASTER_PORT="29641",
+            PET_MASTER_PORT=port,
             PET_NPROC_PER_NODE="1",
             SM_OUTPUT_DATA_DIR=str(base),
         )

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import EXIT_BOUND
 from tests.integration.conftest import (
     REPO,
     bootstrap_argv,
@@ -23,6 +24,7 @@ from tests.integration.conftest import (
     torch_metadata,
     with_hosts_file,
 )
+from tests.ports import job_port
 
 FAULT = REPO / "tests" / "scripts" / "fault_probe.py"
 
@@ -191,7 +193,8 @@ def test_a_rank_polling_the_store_as_it_exits_ends_promptly_after_a_stop(tmp_pat
     job's store, which torchrun hosts, until the process exits, and the exit waits for it. A stop
     design that froze torchrun left such a rank alive until the grace ran out, then called it
     one that ignored the stop. Here: each rank checkpoints for 2 s and returns from its handler;
-    it must be gone within 2 s after that, and the bootstrap within 2 s of its last rank. Planned
+    it must be gone within EXIT_BOUND after that, and the bootstrap within EXIT_BOUND of its
+    last rank (the grace: 40 s). Planned
     for the host's newest torch and for torch 2.9 (torchrun without --shutdown-timeout)."""
     tree = make_tree(tmp_path, script=FAULT)
     extra = {}
@@ -217,10 +220,11 @@ def test_a_rank_polling_the_store_as_it_exits_ends_promptly_after_a_stop(tmp_pat
     checkpoints = [tree.base / "checkpoints" / f"checkpoint-rank-{r}.json" for r in (0, 1)]
     # from the handler's return (its checkpoint written) to the rank's process gone
     exiting = [end - path.stat().st_mtime for end, path in zip(ended, checkpoints, strict=True)]
-    assert max(exiting) < 2.0, (exiting, err[-3000:])
-    assert gone - max(ended) < 2.0, gone - max(ended)
+    assert max(exiting) < EXIT_BOUND, (exiting, err[-3000:])
+    assert gone - max(ended) < EXIT_BOUND, gone - max(ended)
     line = first_line(tree)
-    assert re.search(r"all 2 local ranks exited within [234]\.\d s$", line), line
+    within = re.search(r"all 2 local ranks exited within (\d+\.\d) s$", line)
+    assert within and work <= float(within[1]) < work + EXIT_BOUND, line
     assert not any(alive(pid) for pid in worker_pids(tree))
     print(
         f"handler returned -> rank gone {max(exiting):.2f} s; last rank -> bootstrap gone "
@@ -236,7 +240,7 @@ def test_a_stop_as_the_ranks_finish_is_a_success_or_a_stop_never_a_failure(tmp_p
     own exit code for the signal the bootstrap gave it (1, 137)."""
     tree = make_tree(tmp_path, script=FAULT)
     process = start(
-        tree, {"steps": "3", "step-seconds": "0.1"}, CONTAINER_ENTRY_MASTER_PORT="29651"
+        tree, {"steps": "3", "step-seconds": "0.1"}, CONTAINER_ENTRY_MASTER_PORT=str(job_port())
     )
     logs = tree.output / "data" / "container-entry" / "logs"
     assert wait_for(lambda: sum("done rank" in p.read_text() for p in logs.glob("*.log")) == 2)
@@ -267,12 +271,13 @@ def test_a_host_stopped_after_its_ranks_finished_is_a_success_on_both(tmp_path, 
     hosts = ("algo-1", "algo-2")
     trees = [make_tree(tmp_path, script=FAULT, current_host=h, hosts=hosts) for h in hosts]
     hps = {"steps": "3", "step-seconds": "0.1", "linger-host": "algo-1", "linger-seconds": "8"}
+    port = str(job_port())
     processes = [
         start(
             t,
             hps,
             argv_wrap=lambda a: with_hosts_file(a, hosts_file),
-            CONTAINER_ENTRY_MASTER_PORT="29641",
+            CONTAINER_ENTRY_MASTER_PORT=port,
         )
         for t in trees
     ]
@@ -384,7 +389,7 @@ def test_peer_that_never_joins_is_reported_before_any_worker_starts(tmp_path, ho
             {},
             argv_wrap=lambda a: with_hosts_file(a, hosts_file),
             CONTAINER_ENTRY_JOIN_TIMEOUT="3",
-            CONTAINER_ENTRY_MASTER_PORT="29621",
+            CONTAINER_ENTRY_MASTER_PORT=str(job_port()),
         )
     )
     assert returncode == 3, err[-2000:]
@@ -398,12 +403,13 @@ def test_two_failures_at_once_on_two_hosts_are_one_story(tmp_path, hosts_file):
     hosts = ("algo-1", "algo-2")
     trees = [make_tree(tmp_path, script=FAULT, current_host=h, hosts=hosts) for h in hosts]
     hps = {"fault": '"raise"', "fault-rank": '"1,3"', "fault-step": "3", "steps": "1000"}
+    port = str(job_port())
     processes = [
         start(
             t,
             {**hps, "step-seconds": "0.2"},
             argv_wrap=lambda a: with_hosts_file(a, hosts_file),
-            CONTAINER_ENTRY_MASTER_PORT="29661",
+            CONTAINER_ENTRY_MASTER_PORT=port,
         )
         for t in trees
     ]
@@ -436,12 +442,13 @@ def test_failure_on_one_host_ends_every_host_fast(tmp_path, hosts_file):
         "steps": "1000",
         "step-seconds": "0.2",
     }
+    port = str(job_port())
     processes = [
         start(
             t,
             hps,
             argv_wrap=lambda a: with_hosts_file(a, hosts_file),
-            CONTAINER_ENTRY_MASTER_PORT="29631",
+            CONTAINER_ENTRY_MASTER_PORT=port,
         )
         for t in trees
     ]
@@ -569,6 +576,7 @@ def test_preflight_names_the_host_whose_device_count_is_wrong(tmp_path, hosts_fi
     hosts = ("algo-1", "algo-2")
     trees = [make_tree(tmp_path, script=FAULT, current_host=h, hosts=hosts) for h in hosts]
     processes = []
+    port = str(job_port())
     for tree in trees:
         extra = (
             {"PATH": f"{fake}:{os.environ['PATH']}"} if tree.base.parent.name == "algo-2" else {}
@@ -577,7 +585,7 @@ def test_preflight_names_the_host_whose_device_count_is_wrong(tmp_path, hosts_fi
             start(
                 tree,
                 {"steps": "3", "container_entry_max_restarts": str(restarts)},
-                CONTAINER_ENTRY_MASTER_PORT=str(29661 + 4 * restarts),
+                CONTAINER_ENTRY_MASTER_PORT=port,
                 argv_wrap=lambda a: with_hosts_file(a, hosts_file),
                 **extra,
             )

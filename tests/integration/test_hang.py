@@ -11,6 +11,7 @@ import pytest
 
 from tests.integration.conftest import REPO, control_dir, make_tree, with_hosts_file
 from tests.integration.test_faults import alive, finish, first_line, start, worker_pids
+from tests.ports import job_port
 
 PROBE = REPO / "tests" / "scripts" / "hang_probe.py"
 TIMEOUT = 6  # seconds of silence; the start-up (torch import, rendezvous) is well inside it
@@ -83,8 +84,9 @@ def test_a_slow_but_steady_job_is_never_declared_hung(tmp_path, hps):
     assert (tree.output / "success").exists()
 
 
-def _two_hosts(tmp_path, hosts_file, hps, port, starter=None):
+def _two_hosts(tmp_path, hosts_file, hps, starter=None):
     hosts = ("algo-1", "algo-2")
+    port = str(job_port())
     trees = [make_tree(tmp_path, script=None, current_host=h, hosts=hosts) for h in hosts]
     processes = [
         (starter or _start)(
@@ -100,7 +102,7 @@ def _two_hosts(tmp_path, hosts_file, hps, port, starter=None):
 
 def test_a_rank_blocked_on_one_host_ends_every_host(tmp_path, hosts_file):
     """Rank 3 (on algo-2) blocks forever without printing; ranks 0-2 wait in an all_reduce."""
-    trees, results = _two_hosts(tmp_path, hosts_file, {"mode": "collective", "rank": "3"}, "29641")
+    trees, results = _two_hosts(tmp_path, hosts_file, {"mode": "collective", "rank": "3"})
     for (returncode, _, err), tree in zip(results, trees, strict=True):
         assert returncode == 124, err[-3000:]
         line = first_line(tree)
@@ -118,7 +120,7 @@ def test_output_on_one_host_keeps_every_host_alive(tmp_path, hosts_file):
     """algo-1's ranks are silent for longer than the timeout while rank 3 on algo-2 prints:
     the job is not hung (no rank on any host is silent is the rule, not every host)."""
     hps = {"mode": "one-talks", "rank": "3", "seconds": str(TIMEOUT * 2.5), "every": "1"}
-    trees, results = _two_hosts(tmp_path, hosts_file, hps, "29651")
+    trees, results = _two_hosts(tmp_path, hosts_file, hps)
     for (returncode, _, err), tree in zip(results, trees, strict=True):
         assert returncode == 0, err[-3000:]
         assert (tree.output / "success").exists()
@@ -146,8 +148,7 @@ def test_a_hang_across_hosts_names_its_culprit_first_on_every_host(
     the master: the first line of every host's failure file names the rank on algo-2 that never
     entered the 4th all_reduce (#5, after the barrier), or the collective at which the ranks
     disagree; the per-rank lines and stacks stay below it."""
-    port = "29661" if mode == "skip" else "29671"
-    trees, results = _two_hosts(tmp_path, hosts_file, {"mode": mode, "rank": "3"}, port)
+    trees, results = _two_hosts(tmp_path, hosts_file, {"mode": mode, "rank": "3"})
     for (returncode, _, err), tree in zip(results, trees, strict=True):
         assert returncode == 124, err[-3000:]
         line = first_line(tree)
@@ -208,8 +209,7 @@ def test_a_collective_timeout_across_hosts_names_its_culprit_first_on_every_host
     ranks' and the live ones', reach the master, and both failure files start with the rank
     to blame, then the job's first failure in its usual words."""
     hps = {"mode": mode, "rank": "3", "pg-timeout": "4"}
-    port = "29681" if mode == "skip" else "29691"
-    trees, results = _two_hosts(tmp_path, hosts_file, hps, port, _start_without_watchdog)
+    trees, results = _two_hosts(tmp_path, hosts_file, hps, _start_without_watchdog)
     for (returncode, _, err), tree in zip(results, trees, strict=True):
         assert returncode != 0, err[-3000:]
         line = first_line(tree)

@@ -26,28 +26,15 @@ from tests.integration.conftest import (
     control_dir,
     make_tree,
 )
+from tests.ports import job_port
 
 LOGS = "data/container-entry/logs"
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 TAG = re.compile(rb"^\[algo-1 rank (\d+)\] (.*)$")
 
 
-def free_port() -> int:
-    """A free port whose neighbour (the coordination port) is free too: other jobs on this
-    machine may hold the default 29500."""
-    while True:
-        with socket.socket() as first, socket.socket() as second:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            try:
-                second.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-
-
 def start(tmp_path, source, nproc=2, hyperparameters=None, stderr=subprocess.PIPE, **env):
-    env.setdefault("CONTAINER_ENTRY_MASTER_PORT", str(free_port()))
+    env.setdefault("CONTAINER_ENTRY_MASTER_PORT", str(job_port()))
     script = tmp_path / "relay_script.py"
     script.write_text(source)
     tree = make_tree(tmp_path, script=script)
@@ -469,7 +456,7 @@ SLOW_TAIL = """
 import time
 for i in range(12):  # longer than the hang timeout, after the log stopped
     print(f"tail {i} rank {rank}", flush=True)
-    time.sleep(0.25)
+    time.sleep(0.6)
 """
 
 
@@ -503,9 +490,10 @@ def test_a_full_disk_under_the_rank_logs_never_ends_training(tmp_path):
         tree,
         SAGEMAKER_PROGRAM="relay_script.py",
         PET_NPROC_PER_NODE="2",
-        CONTAINER_ENTRY_MASTER_PORT=str(free_port()),
+        CONTAINER_ENTRY_MASTER_PORT=str(job_port()),
         # the watchdog reads the logs' times: a rank whose log stopped is not idle
-        CONTAINER_ENTRY_HANG_TIMEOUT="2",
+        # (5 s: a loaded machine may take 2 s to start a rank; the tail lasts 7 s)
+        CONTAINER_ENTRY_HANG_TIMEOUT="5",
     )
     process = subprocess.Popen(
         on_tiny_tmpfs(bootstrap_argv(), run_dir, "256k", kept),

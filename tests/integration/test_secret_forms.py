@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from container_entry.masking import MASK, encoded_forms
 from tests.integration.conftest import bootstrap_argv, bootstrap_env, make_tree, run
+from tests.ports import job_port
 
 CORE = re.compile(r"core-\d\d")
 
@@ -68,20 +68,6 @@ PEM = (
 )
 
 
-def free_port() -> int:
-    """A free port whose successor is free too (the master port and the side channel), so
-    this test does not meet other tests' jobs on 29500."""
-    while True:
-        with socket.socket() as first, socket.socket() as second:
-            first.bind(("127.0.0.1", 0))
-            port = first.getsockname()[1]
-            try:
-                second.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-
-
 def published(tree, *texts: str) -> dict[str, str]:
     """Everything a user, SageMaker or S3 gets to see: the given console texts and every file
     under <base>/output (failure, failure.json, rank logs and records, stacks, ...)."""
@@ -111,7 +97,7 @@ def test_a_record_decorated_script_s_secret_is_masked_in_torchrun_s_report_too(t
         tree,
         SAGEMAKER_PROGRAM=script.name,
         PET_NPROC_PER_NODE="2",
-        CONTAINER_ENTRY_MASTER_PORT=str(free_port()),
+        CONTAINER_ENTRY_MASTER_PORT=str(job_port()),
         HF_TOKEN=HF_TOKEN,
         PROBE_RECEIVED=str(tmp_path / "received-"),
     )
@@ -153,7 +139,7 @@ def test_a_rank_printing_the_sm_variables_the_plan_and_dry_run_show_no_form_of_a
         tree,
         SAGEMAKER_PROGRAM=script.name,
         PET_NPROC_PER_NODE="1",
-        CONTAINER_ENTRY_MASTER_PORT=str(free_port()),
+        CONTAINER_ENTRY_MASTER_PORT=str(job_port()),
         HF_API_TOKEN=ENV_KEY,
         SSH_PRIVATE_KEY=PEM,
         PROBE_RECEIVED=str(tmp_path / "received.json"),
@@ -214,7 +200,7 @@ def test_console_output_of_the_bootstrap_is_valid_utf8_with_secrets_masked(tmp_p
             tree,
             SAGEMAKER_PROGRAM=script.name,
             PET_NPROC_PER_NODE="1",
-            CONTAINER_ENTRY_MASTER_PORT=str(free_port()),
+            CONTAINER_ENTRY_MASTER_PORT=str(job_port()),
         ).items()
     }
     env[b"DB_PASSWORD"] = value

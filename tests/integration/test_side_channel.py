@@ -23,6 +23,7 @@ import pytest
 
 from container_entry.side_channel import LIVENESS_TIMEOUT
 from tests.integration.test_liveness import Host, kill_everything, start_host, wait_for
+from tests.ports import job_port
 
 HOSTS = ("algo-1", "algo-2")
 TRAINING = {"steps": "15", "step-seconds": "0.2"}  # 3 s of steps together
@@ -105,7 +106,7 @@ def refusals(err: str, address: str) -> list[str]:
 
 @pytest.mark.parametrize("attack", list(ATTACKS))
 def test_a_stranger_on_the_side_channel_cannot_touch_a_running_job(tmp_path, hosts_file, attack):
-    port = 29811 + 2 * list(ATTACKS).index(attack)
+    port = job_port()
     hosts = [start(tmp_path, name, hosts_file, port, TRAINING) for name in HOSTS]
     try:
         if not wait_for(lambda: all(h.ranks_started() for h in hosts), 120):
@@ -134,7 +135,7 @@ def test_after_a_stranger_s_failure_message_a_frozen_host_is_still_noticed(tmp_p
     """Before: `{"type":"failed","failure":"boom"}` killed every listener thread, and a frozen
     algo-2 went unnoticed for 60 s and more. Now: refused, and the freeze is named within the
     liveness bound (docs/liveness.md)."""
-    port = 29831
+    port = job_port()
     hosts = [start(tmp_path, name, hosts_file, port, ENDLESS) for name in HOSTS]
     master, frozen = hosts
     leftovers = []
@@ -167,13 +168,14 @@ def test_hosts_with_different_secrets_start_nothing_and_say_why(tmp_path, hosts_
     """CONTAINER_ENTRY_JOB_SECRET must be the same on every host (or unset on all): a host
     with another one cannot join, and both hosts say so before any worker starts."""
     secrets = {"algo-1": "first-job-secret-4f1c9a", "algo-2": "other-job-secret-77d0e3"}
+    port = str(job_port())
     hosts = [
         start_host(
             tmp_path,
             name,
             hosts_file,
             hps=TRAINING,
-            CONTAINER_ENTRY_MASTER_PORT="29841",
+            CONTAINER_ENTRY_MASTER_PORT=port,
             CONTAINER_ENTRY_JOIN_TIMEOUT="4",
             CONTAINER_ENTRY_JOB_SECRET=secrets[name],
         )

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from tests.integration.conftest import bootstrap_argv, bootstrap_env, make_tree
-from tests.integration.test_relay import free_port
+from tests.ports import job_port
 
 SELF_KILL = """
 import os, sys
@@ -42,7 +42,7 @@ def start_killed_rank(root, number: int) -> tuple:
         tree,
         SAGEMAKER_PROGRAM="self_kill.py",
         PET_NPROC_PER_NODE="1",
-        CONTAINER_ENTRY_MASTER_PORT=str(free_port()),
+        CONTAINER_ENTRY_MASTER_PORT=str(job_port()),
     )
     process = subprocess.Popen(
         bootstrap_argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd="/"
@@ -112,7 +112,7 @@ def test_a_stop_at_any_moment_of_the_start_is_a_stopped_job_never_a_traceback(
     `blocked-at-exec`: the signals blocked when the bootstrap is exec'd, counted from then: a
     stop during Python's own start-up waits, and is noted at that first line."""
     sig = getattr(signal, name)
-    port = free_port()
+    port = job_port()
     for delay in DELAYS_MS:
         tree = make_tree(tmp_path / str(delay))
         env = bootstrap_env(

@@ -1175,6 +1175,40 @@ def test_the_first_failure_is_the_earliest_only_where_both_clocks_are_known():
     assert decision.offer({"rank": 1}, 0.0) is Change.NONE  # no end time: arrival stands
 
 
+@pytest.mark.parametrize(
+    ("culprit", "victim", "first"),
+    [
+        # the culprit's traceback began before its exit closed the sockets; the victim noticed
+        # that, failed and exited, all before the culprit's wrapper saw its exit (a loaded host)
+        ({"failed_at": 99.0, "ended_at": 100.2}, {"failed_at": 99.1, "ended_at": 100.1}, "c"),
+        # no traceback for the victim (killed by torchrun): its end against the culprit's start
+        ({"failed_at": 99.0, "ended_at": 100.2}, {"failed_at": None, "ended_at": 100.1}, "c"),
+        ({"failed_at": 99.0, "ended_at": 100.2}, {"ended_at": 98.0}, "v"),
+        # a culprit with no traceback (a signal): its end time speaks
+        ({"ended_at": 100.0}, {"failed_at": 100.1, "ended_at": 100.1}, "c"),
+        ({"ended_at": 100.0}, {"failed_at": 99.9, "ended_at": 100.5}, "v"),
+    ],
+)
+@pytest.mark.parametrize("arrival", ["culprit first", "victim first"])
+def test_the_first_failure_is_the_one_that_began_first_whatever_the_order_of_ends(
+    culprit, victim, first, arrival
+):
+    from container_entry.side_channel.decision import FirstFailure
+
+    culprit, victim = {"rank": 3, **culprit}, {"rank": 1, **victim}
+    decision = FirstFailure()
+    for failure in (culprit, victim) if arrival == "culprit first" else (victim, culprit):
+        decision.offer(failure, 0.0)
+    assert decision.failure is (culprit if first == "c" else victim)
+    records = [
+        RankRecord(
+            host="h", rank=f["rank"], returncode=1, **{k: v for k, v in f.items() if k != "rank"}
+        )
+        for f in (culprit, victim)
+    ]
+    assert min(records, key=lambda r: r.began or 0).rank == (3 if first == "c" else 1)
+
+
 def test_the_master_s_watch_names_the_silent_and_declares_a_hang_only_when_all_are_idle():
     from container_entry.side_channel.liveness import Liveness
     from container_entry.side_channel.peer import Peer

@@ -191,6 +191,23 @@ def test_the_stderr_tail_keeps_the_last_lines(sinks):
     assert sinks.relay(keep_tail=False).tail_lines() == []
 
 
+def test_the_stderr_relay_times_the_start_of_the_last_traceback(sinks):
+    """RankRecord.failed_at: when the script's fatal traceback began, not when it exited."""
+    relay = sinks.relay()
+    relay.feed(b"step 1\nTraceback (most recent call last):\n")
+    first = relay.traceback_at
+    assert first is not None and abs(first - time.time()) < 1
+    time.sleep(0.05)
+    relay.feed(b'  File "x.py", line 1\nValueError: caught and logged\n')
+    assert relay.traceback_at == first  # a traceback's own lines leave it
+    relay.feed(b"Traceback (most recent call last):\n")  # split: its end in the next read
+    relay.feed(b'  File "x.py", line 2\nRuntimeError: fatal\n')
+    assert relay.traceback_at is not None and relay.traceback_at > first
+    plain = sinks.relay()
+    plain.feed(b"no traceback here\n")
+    assert plain.traceback_at is None
+
+
 def test_writes_to_a_shared_pipe_stay_within_pipe_buf_and_end_at_a_line_end(sinks, monkeypatch):
     read, write = os.pipe()
     assert atomic_size(write) == select.PIPE_BUF

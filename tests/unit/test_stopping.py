@@ -122,6 +122,10 @@ def test_without_an_early_stop_install_and_check_change_nothing(restored):
 
 
 def test_a_command_that_does_not_train_gets_the_signals_back_and_a_noted_one_again(restored):
+    # the handlers of a Python started in the foreground (one started in the background of a
+    # non-interactive shell inherits SIGINT ignored and keeps it so)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     stopping.record_early()
     os.kill(os.getpid(), signal.SIGINT)
     with pytest.raises(KeyboardInterrupt):  # Python's own SIGINT handler, as before
