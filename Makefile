@@ -16,6 +16,7 @@ PYTEST_ARGS  ?=
 # make test: pytest-xdist workers (the jobs under test mostly wait on real time: more workers
 # than CPUs; docs/test-speed.md)
 TEST_WORKERS ?= 4
+UNIT_WORKERS ?= 2
 SCRIPT       ?= examples/hf_trainer_tiny.py
 ARGS         ?=
 GPUS         ?= all
@@ -37,6 +38,7 @@ help: ## list targets and variables
 	@echo "  GPUS        docker --gpus value for run (all; none for a CPU-only machine)"
 	@echo "  PYTEST_ARGS extra pytest arguments for test"
 	@echo "  TEST_WORKERS pytest-xdist workers for test ($(TEST_WORKERS))"
+	@echo "  UNIT_WORKERS pytest-xdist workers for unit ($(UNIT_WORKERS))"
 	@echo "  VERSION     version tag for push, immutable in ECR (default: pyproject's, $(VERSION))"
 	@echo "  REVISION    git revision tag for push, immutable in ECR (default: git HEAD, $(REVISION))"
 	@echo "  MOVING_TAG  tag push moves to every new image ($(MOVING_TAG))"
@@ -80,7 +82,7 @@ demo-disk test-disk: docker
 	python3 -m scripts.disk_space --for $(@:-disk=)
 
 unit: venv ## run the unit tests only (no docker, no processes)
-	$(PYTHON) -m pytest tests/unit $(PYTEST_ARGS)
+	$(PYTHON) -m pytest -n $(UNIT_WORKERS) tests/unit $(PYTEST_ARGS)
 
 lint: venv ## ruff and mypy on Python, hadolint on the Dockerfiles, shellcheck on shell scripts (all from .venv)
 	$(VENV)/bin/ruff check .

@@ -286,6 +286,7 @@ python3 -m torch.distributed.run --nproc-per-node 2 /tmp/smoke.py > /tmp/ddp.log
     || { cat /tmp/ddp.log; exit 1; }
 grep "gloo all_reduce" /tmp/ddp.log | sort
 '
+# (scripts/disk_space.py reads it too: this checkout has the stand-in it names)
 SMOKE_OK="$LOG_DIR/smoke.ok"
 SMOKE_LOG="$LOG_DIR/smoke.log"
 SMOKE_KEY="$(docker image inspect -f '{{.Id}}' "$IMAGE_TAG") $(printf '%s%s' "$SMOKE_PY" "$SMOKE_SH" | sha)"

@@ -57,19 +57,26 @@ def docker_root() -> Path:
     return Path(shown or "/var/lib/docker")
 
 
-def standin_built(image: str = STANDIN) -> bool:
+def standin_built(repo: Path, image: str = STANDIN) -> bool:
+    """The stand-in exists and this checkout built or checked it: its smoke test's record
+    (build/logs/smoke.ok, written by scripts/build-standin.sh: "<image id> <test's sum>")
+    names the image. A fresh clone beside an image of another checkout restages 4 GB of
+    wheels and may rebuild the image, so it needs the full figure."""
     try:
-        return (
-            subprocess.run(
-                ["docker", "image", "inspect", image],
-                capture_output=True,
-                timeout=20,
-                check=False,
-            ).returncode
-            == 0
+        shown = subprocess.run(
+            ["docker", "image", "inspect", "-f", "{{.Id}}", image],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
         )
     except (OSError, subprocess.SubprocessError):
         return False
+    try:
+        record = (repo / "build" / "logs" / "smoke.ok").read_text().split()
+    except OSError:
+        return False
+    return shown.returncode == 0 and record[:1] == [shown.stdout.strip()]
 
 
 def existing(path: Path) -> Path:
@@ -110,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     built, fresh = NEEDS[args.target]
-    need = built if standin_built() else fresh
+    need = built if standin_built(args.repo) else fresh
     if args.need_gib is not None:
         need = Need(repo=args.need_gib, docker=args.need_gib)
     problem = shortfall(args.target, need, args.repo, args.docker_root or docker_root())

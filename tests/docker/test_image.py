@@ -256,3 +256,23 @@ def test_container_entry_stacks_in_a_live_container(image, tmp_path):
         assert lines[-1].endswith(f"stacks/rank-{rank}.txt)"), shown.stdout
     assert exit_code == "0", logs.stderr[-3000:]
     assert "rank 1] step 59" in logs.stdout  # it ran on to the end
+
+
+def test_the_disk_check_counts_the_stand_in_as_built_only_where_this_checkout_built_it(
+    standin, tmp_path
+):
+    """`make test` and `make demo` check free disk first (scripts/disk_space.py); a fresh
+    clone beside a stand-in image built by another checkout stages 4 GB of wheels again and
+    may rebuild the image, so it must ask for the full figure, not the built one."""
+    from scripts.disk_space import standin_built
+
+    assert standin_built(REPO, standin)  # the fixture ran scripts/build-standin.sh here
+    assert not standin_built(tmp_path, standin)  # a fresh clone: no record
+    record = tmp_path / "build" / "logs" / "smoke.ok"
+    record.parent.mkdir(parents=True)
+    for text in ("", "\n", "sha256:" + "0" * 64 + " sum\n", "\x00\xff garbage"):
+        record.write_text(text, errors="surrogateescape")
+        assert not standin_built(tmp_path, standin), repr(text)
+    record.write_bytes((REPO / "build" / "logs" / "smoke.ok").read_bytes())
+    assert standin_built(tmp_path, standin)
+    assert not standin_built(tmp_path, "container-entry/no-such-image:none")

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scripts.disk_space import GIB, Need, existing, shortfall
+from scripts.disk_space import GIB, Need, existing, shortfall, standin_built
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,3 +60,11 @@ def test_folders_on_two_filesystems_each_need_their_own_share(tmp_path):
     need = Need(repo=_free(tmp_path) * 0.6, docker=_free(other) * 2)
     problem = shortfall("test", need, tmp_path, other)
     assert problem is not None and "/dev/shm" in problem and str(tmp_path) not in problem
+
+
+def test_without_its_smoke_record_the_stand_in_counts_as_not_built(tmp_path):
+    """No docker needed: a checkout with no build/logs/smoke.ok (a fresh clone) or one that
+    cannot be read asks for the full figure (the docker tests check the image side)."""
+    assert not standin_built(tmp_path)
+    (tmp_path / "build" / "logs" / "smoke.ok").mkdir(parents=True)  # a folder: unreadable
+    assert not standin_built(tmp_path)
