@@ -30,6 +30,7 @@ from container_entry.plan import Plan, build_plan
 from container_entry.records import RankRecord
 from container_entry.side_channel import (
     JOIN_VERDICT_GRACE,
+    SETTLE_SECONDS,
     Coordinator,
     Member,
     PeerFailure,
@@ -40,9 +41,9 @@ from container_entry.supervisor import Supervisor
 from container_entry.torch_gpus import check_visible_gpus
 from container_entry.torchrun_process import Prestarted, child_environment
 
-# for the master's word on which failure was the job's first: it answers a post within a round
-# trip, and this host's own teardown took longer than that already
-FIRST_FAILURE_WAIT = 2.0
+# for the master's final word on which failure was the job's first: it comes once every host
+# settled, at the latest decision.SETTLE_SECONDS after the first failure reached the master
+FIRST_FAILURE_WAIT = SETTLE_SECONDS + 2.0
 # for the master's culprit of a hang: it waits up to gathering.GATHER_SECONDS for every host
 CULPRIT_WAIT = 12.0
 
@@ -296,6 +297,7 @@ class Job:
         if own:
             earliest = min(own, key=lambda r: r.began or float("inf"))
             member.post_failure(summarized(earliest, self.plan.max_restarts))
+        member.settle()
         first = member.first_failure(FIRST_FAILURE_WAIT)
         if first is None:
             return ending

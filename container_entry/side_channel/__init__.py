@@ -37,6 +37,7 @@ The rest of the bootstrap imports what it uses from this package.
 
 from __future__ import annotations
 
+from container_entry.side_channel.decision import SETTLE_SECONDS
 from container_entry.side_channel.keys import JOB_SECRET_ENV, job_key
 from container_entry.side_channel.liveness import (
     HEARTBEAT_INTERVAL,
@@ -51,6 +52,7 @@ __all__ = [
     "JOB_SECRET_ENV",
     "JOIN_VERDICT_GRACE",
     "LIVENESS_TIMEOUT",
+    "SETTLE_SECONDS",
     "Coordinator",
     "Member",
     "PeerFailure",

@@ -1,18 +1,25 @@
 """The master's decision on the job's first failure. The first to arrive stops every other
 host at once; one that arrives later but ended earlier, by the ranks' own clocks corrected by
-what the heartbeats showed of each host's clock, takes its place. Every host then writes the
-same first line, whichever host it is on."""
+what the heartbeats showed of each host's clock, takes its place. The decision is final once
+every host still in the job settled (posted what of its own may be first, or finished), or
+SETTLE_SECONDS after the first failure; hosts write their first line from the final decision
+only, so every host writes the same one, whichever host it is on and whenever its own ranks
+ended (a host that read an earlier word while a later post still changed it wrote another)."""
 
 from __future__ import annotations
 
 import enum
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from container_entry.side_channel.schema import Relayed
 
 CLOCK_TOLERANCE = 5.0  # seconds: a host whose clock seems further off is ordered by arrival
+# seconds after the first failure: a host that has not settled by then (its ranks slow to
+# stop, or frozen until the liveness timeout) no longer holds the others' first line
+SETTLE_SECONDS = 3.0
 
 
 class Change(enum.Enum):
@@ -26,9 +33,12 @@ class Change(enum.Enum):
 class FirstFailure:
     """The decision, changed on the master's loop thread and read from any (`failure`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, settle_seconds: float = SETTLE_SECONDS) -> None:
+        self.settle_seconds = settle_seconds
         self.failure: Relayed | None = None
         self.skew: float | None = None  # its poster's clock, as `earlier` needs it
+        self.since: float | None = None  # when the first failure arrived (monotonic)
+        self.final = False  # told to every host as final: no failure changes it any more
         self.lock = threading.Lock()
 
     def offer(self, failure: Relayed, skew: float | None) -> Change:
@@ -36,14 +46,28 @@ class FirstFailure:
         measured yet)."""
         with self.lock:
             decided = self.failure
+            if self.final:
+                return Change.NONE
             if decided is None:
                 change = Change.FIRST
+                self.since = time.monotonic()
             elif earlier(failure, skew, decided, self.skew):
                 change = Change.EARLIER
             else:
                 return Change.NONE
             self.failure, self.skew = failure, skew
         return change
+
+    def settle(self, everyone_settled: bool, now: float) -> bool:
+        """Whether the decision becomes final now (then it is, and the caller tells every
+        host): there is one, not final yet, and every host settled or the wait is over."""
+        with self.lock:
+            if self.failure is None or self.final or self.since is None:
+                return False
+            if not everyone_settled and now - self.since < self.settle_seconds:
+                return False
+            self.final = True
+            return True
 
 
 def began(failure: Mapping[str, Any]) -> Any:

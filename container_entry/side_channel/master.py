@@ -15,7 +15,7 @@ from typing import Any
 from container_entry.logs import log
 from container_entry.records import RankRecord
 from container_entry.side_channel import admission
-from container_entry.side_channel.decision import Change, FirstFailure
+from container_entry.side_channel.decision import SETTLE_SECONDS, Change, FirstFailure
 from container_entry.side_channel.gathering import Gathering
 from container_entry.side_channel.hub import ACCEPT, WAKE, Hub
 from container_entry.side_channel.liveness import (
@@ -60,12 +60,13 @@ class Coordinator:
         resolve: Callable[[str], Iterable[str]] | None = None,
         auth_timeout: float = admission.AUTH_TIMEOUT,
         address_wait: float = admission.ADDRESS_WAIT,
+        settle_seconds: float = SETTLE_SECONDS,
     ) -> None:
         self.roster = Roster(hosts)
         self.interval = interval
         self.quota = Quota()
         self.liveness = Liveness(liveness_timeout, hang_timeout, len(self.roster.hosts))
-        self.decision = FirstFailure()
+        self.decision = FirstFailure(settle_seconds)
         self.gathering = Gathering()
         backlog = len(self.roster.hosts) + admission.MAX_UNJOINED
         self.hub = Hub(port, backlog, liveness_timeout, self._gone)
@@ -223,6 +224,9 @@ class Coordinator:
             failure["host"] = peer.host
             peer.posted = True
             self.relay_failure(failure, origin=peer)
+        elif message["type"] == Kind.SETTLED:
+            peer.settled = True
+            self._final_if_due()
         elif message["type"] == Kind.BEAT:
             self.liveness.heard(peer, message)
         elif message["type"] == Kind.DONE:
@@ -231,6 +235,7 @@ class Coordinator:
                 return
             peer.said_done = True
             self.roster.finish(peer)
+            self._final_if_due()
         elif message["type"] == Kind.RECORDS:
             for rank in message["ranks"]:
                 rank.host = peer.host or "?"  # a host speaks for itself only
@@ -275,6 +280,7 @@ class Coordinator:
             except Exception as error:
                 self._defect(peer, error)
         self._culprit_if_due()
+        self._final_if_due()
         if self.decision.failure is None:
             hung = self.liveness.hung(self.roster.open_peers())
             if hung is not None:
@@ -320,16 +326,30 @@ class Coordinator:
             record = vanished_record(peer.host, detail)
             log(f"{record.what}: stopping the job on every host")
             self.relay_failure(record.relayed())
+        self._final_if_due()  # the hosts left may all have settled
 
     def relay_failure(self, failure: Relayed, origin: Peer | None = None) -> None:
         """Offer a failure to the job's first-failure decision (loop thread). The first stops
         every other host at once (`abort`); every change of the decision goes to every host
-        (`first`), the poster included, so all write the same first line. The master's own
-        posts (no `origin`) are on its own clock."""
+        (`first`), the poster included; hosts write their first line from the final one
+        (`_final_if_due`). The master's own posts (no `origin`) are on its own clock."""
         change = self.decision.offer(failure, 0.0 if origin is None else origin.skew)
         if change is Change.NONE:
             return
         for peer in self.roster.open_peers():
             if change is Change.FIRST and peer is not origin:
                 self.hub.send(peer, Abort(type=Kind.ABORT, failure=failure))
-            self.hub.send(peer, First(type=Kind.FIRST, failure=failure))
+            self.hub.send(peer, First(type=Kind.FIRST, failure=failure, final=False))
+        self._final_if_due()
+
+    def _final_if_due(self) -> None:
+        """The decision made final, and said so to every host, once every host still in the
+        job settled or finished, or the settling wait is over (decision.SETTLE_SECONDS)."""
+        peers = self.roster.open_peers()
+        settled = all(p.settled or p.said_done for p in peers)
+        if not self.decision.settle(settled, time.monotonic()):
+            return
+        failure = self.decision.failure
+        assert failure is not None
+        for peer in peers:
+            self.hub.send(peer, First(type=Kind.FIRST, failure=failure, final=True))

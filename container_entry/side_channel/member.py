@@ -32,6 +32,7 @@ from container_entry.side_channel.messages import (
     Done,
     Failed,
     MemberBeat,
+    Settled,
     ToMember,
     to_member,
 )
@@ -86,7 +87,7 @@ class Member:
         self.abort: RankRecord | None = None  # the failure another host relayed
         self.aborted_at: float | None = None  # when it arrived (this host's clock)
         self.first: RankRecord | None = None  # the job's first failure, as the master decided
-        self.decided = threading.Event()
+        self.decided = threading.Event()  # the master's decision is final (`first`)
         self.culprit: str | None = None  # a hang's culprit, from every host's records
         self.explained = threading.Event()
         self.lost_master = False  # the master's bootstrap went away before we finished
@@ -245,7 +246,8 @@ class Member:
             self.aborted.set()
         elif message["type"] == Kind.FIRST:
             self.first = RankRecord.from_json(message["failure"])
-            self.decided.set()
+            if message["final"]:
+                self.decided.set()
         elif message["type"] == Kind.CULPRIT:
             self.culprit = message["what"]
             self.explained.set()
@@ -298,9 +300,14 @@ class Member:
         self.posted = True
         self._send(Failed(type=Kind.FAILED, failure=fitted(failure.relayed())))
 
+    def settle(self) -> None:
+        """This host posted every failure of its own that may be the job's first: the
+        master's decision need not wait for it any more."""
+        self._send(Settled(type=Kind.SETTLED))
+
     def first_failure(self, timeout: float) -> RankRecord | None:
-        """The job's first failure as the master decided it, waiting up to `timeout` for its
-        word (it answers every post within a round trip)."""
+        """The job's first failure as the master decided it for good, waiting up to `timeout`
+        for that word (then the latest word, if any)."""
         self.decided.wait(timeout)
         return self.first
 

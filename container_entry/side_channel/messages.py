@@ -80,6 +80,11 @@ class Abort(TypedDict):
 class First(TypedDict):
     type: Literal[Kind.FIRST]
     failure: Relayed
+    final: bool  # every host settled (or the wait is over): the decision no longer changes
+
+
+class Settled(TypedDict):
+    type: Literal[Kind.SETTLED]
 
 
 class Done(TypedDict):
@@ -97,7 +102,7 @@ class Culprit(TypedDict):
     what: str | None  # the culprit in words; None: the records name no one
 
 
-ToMaster = Join | MemberBeat | Failed | Done | Records
+ToMaster = Join | MemberBeat | Failed | Settled | Done | Records
 ToMember = Hello | Welcome | Refused | Start | Abort | First | MasterBeat | Culprit
 
 
@@ -122,6 +127,9 @@ def to_master(message: dict[str, Any]) -> ToMaster:
     if kind == Kind.FAILED:
         fields(message, ("failure",))
         return Failed(type=Kind.FAILED, failure=failure_record(message["failure"]))
+    if kind == Kind.SETTLED:
+        fields(message, ())
+        return Settled(type=Kind.SETTLED)
     if kind == Kind.DONE:
         fields(message, (), ("host",))
         return Done(type=Kind.DONE, host=text(message.get("host"), "done host", NAME_CAP))
@@ -152,8 +160,11 @@ def to_member(message: dict[str, Any]) -> ToMember:
         fields(message, ("failure",))
         return Abort(type=Kind.ABORT, failure=failure_record(message["failure"]))
     if kind == Kind.FIRST:
-        fields(message, ("failure",))
-        return First(type=Kind.FIRST, failure=failure_record(message["failure"]))
+        fields(message, ("failure", "final"))
+        final = message["final"]
+        if not isinstance(final, bool):
+            raise Invalid("first final is not true or false")
+        return First(type=Kind.FIRST, failure=failure_record(message["failure"]), final=final)
     if kind == Kind.BEAT:
         fields(message, (), ("waiting", "waiting_count"))
         return _master_beat(message)

@@ -44,6 +44,7 @@ class Peer:
         self.workers = 0
         self.said_done = False
         self.posted = False  # it posted a failure: its leaving is no news
+        self.settled = False  # it posted every failure of its own that may be the job's first
         self.idle: float | None = None  # its ranks' silence at its last beat; None: no job yet
         # the master's clock minus the host's, plus the beat's way here: the smallest seen
         self.skew: float | None = None

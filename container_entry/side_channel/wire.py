@@ -27,7 +27,10 @@ class Kind(enum.StrEnum):
     BEAT = "beat"  # both ways every interval: a member's idle time and clock; who is missing
     FAILED = "failed"  # member -> master: this host's failure
     ABORT = "abort"  # master -> every host but the poster: the job failed, stop now
-    FIRST = "first"  # master -> every host: the job's first failure as decided (may change)
+    FIRST = "first"  # master -> every host: the job's first failure as decided (may change
+    # until it says final)
+    SETTLED = "settled"  # member -> master: this host posted every failure of its own that may
+    # be the job's first
     DONE = "done"  # member -> master: this host finished
     RECORDS = "records"  # member -> master: after a hang, its ranks' collective records
     CULPRIT = "culprit"  # master -> every host: the hang's culprit, from every host's records

@@ -1094,6 +1094,77 @@ def test_two_failures_at_once_are_one_story_decided_by_the_ranks_own_end_times()
     coordinator.close()
 
 
+@pytest.mark.parametrize("arrival", ["earlier first", "later first"])
+@pytest.mark.parametrize("gap", [0.0, 0.3, 1.0])
+def test_every_host_reads_the_same_first_failure_whenever_it_reads(arrival, gap):
+    """Two hosts' ranks fail (a collective timeout: every rank of both hosts, within ms), each
+    host posts its own earliest, settles and reads the master's decision at once. A host that
+    read the word sent after the first post, while the second still changed it, wrote another
+    first line than its peer: each host reads only the final decision, which waits for every
+    host to settle (`gap`: the second host's post comes that long after the first host read)."""
+    port = free_port()
+    coordinator = Coordinator(("algo-1", "algo-2"), port, **FAST)
+    one, two = member("algo-1", port), member("algo-2", port)
+    join_all([one, two])
+    time.sleep(BEAT * 4)  # a few heartbeats: both clocks measured
+    now = time.time()
+    earlier = RankRecord(host="algo-1", rank=0, returncode=1, failed_at=now - 0.02, ended_at=now)
+    later = RankRecord(host="algo-2", rank=3, returncode=1, failed_at=now - 0.01, ended_at=now)
+    posts = [(one, earlier), (two, later)]
+    if arrival == "later first":
+        posts.reverse()
+    read: dict[str, tuple[str | None, int | None]] = {}
+
+    def post_settle_read(host: Member, failure: RankRecord) -> None:
+        host.post_failure(failure)
+        host.settle()
+        first = host.first_failure(10.0)
+        read[host.host] = (first.host, first.rank) if first else (None, None)
+
+    (a, fa), (b, fb) = posts
+    reader = threading.Thread(target=post_settle_read, args=(a, fa))
+    reader.start()
+    time.sleep(gap)
+    post_settle_read(b, fb)
+    reader.join()
+    assert read == {"algo-1": ("algo-1", 0), "algo-2": ("algo-1", 0)}, read
+    for host in (one, two):
+        host.close()
+    coordinator.close()
+
+
+def test_a_host_that_never_settles_holds_the_decision_only_for_the_settling_wait():
+    """algo-3 beats but never settles (its ranks slow to stop, say): the others
+    get the final word once the settling wait after the first failure is over, and a failure
+    posted after that changes nothing (every host already wrote its first line)."""
+    port = free_port()
+    settle = 1.0
+    coordinator = Coordinator(("algo-1", "algo-2", "algo-3"), port, settle_seconds=settle, **FAST)
+    one, two, three = (member(f"algo-{i}", port) for i in (1, 2, 3))
+    join_all([one, two, three])  # algo-3 beats on, and never settles
+    time.sleep(BEAT * 4)
+    now = time.time()
+    posted = time.monotonic()
+    two.post_failure(RankRecord(host="algo-2", rank=3, returncode=1, ended_at=now))
+    two.settle()
+    one.settle()
+    first = one.first_failure(10.0)
+    waited = time.monotonic() - posted
+    assert first is not None and (first.host, first.rank) == ("algo-2", 3)
+    assert settle * 0.9 <= waited < settle + 1.0, waited
+    assert two.first_failure(1.0) is not None and two.first.rank == 3
+    # too late: an earlier failure after the final word is no news
+    one.posted = False
+    one.post_failure(RankRecord(host="algo-1", rank=0, returncode=1, ended_at=now - 1))
+    time.sleep(0.3)
+    assert (one.first.rank, two.first.rank) == (3, 3)
+    assert coordinator.first_failure is not None and coordinator.first_failure["rank"] == 3
+    assert three.first.rank == 3  # told too
+    for host in (one, two, three):
+        host.close()
+    coordinator.close()
+
+
 def test_without_a_measured_clock_arrival_decides_and_a_consequence_is_not_posted():
     port = free_port()
     coordinator = Coordinator(("algo-1", "algo-2"), port, liveness_timeout=5.0, interval=5.0)
@@ -1128,7 +1199,7 @@ def test_message_kinds_are_their_wire_strings_and_each_direction_checks_its_own(
     assert encode({"type": Kind.HELLO, "version": 1}) == b'{"type": "hello", "version": 1}\n'
     assert {k.value for k in Kind} == {
         *("hello", "join", "welcome", "refused", "start", "beat", "failed", "abort", "first"),
-        *("done", "records", "culprit"),
+        *("settled", "done", "records", "culprit"),
     }
     beat = to_master({"type": "beat", "idle": 3, "time": None})
     assert beat == {"type": "beat", "idle": 3.0, "time": None} and beat["type"] is Kind.BEAT
@@ -1136,7 +1207,7 @@ def test_message_kinds_are_their_wire_strings_and_each_direction_checks_its_own(
     for kind in ("hello", "welcome", "start", "abort", "first", "culprit"):
         with pytest.raises(Invalid, match=f"unknown message type '{kind}'"):
             to_master({"type": kind})
-    for kind in ("join", "failed", "done", "records"):
+    for kind in ("join", "failed", "settled", "done", "records"):
         with pytest.raises(Invalid, match=f"unknown message type '{kind}'"):
             to_member({"type": kind})
 
@@ -1176,6 +1247,43 @@ def test_the_first_failure_is_the_earliest_only_where_both_clocks_are_known():
     assert decision.offer(earlier, 0.2) is Change.NONE  # 99.9 + 0.2 is after 100.0
     assert decision.offer(earlier, 0.05) is Change.EARLIER and decision.failure is earlier
     assert decision.offer({"rank": 1}, 0.0) is Change.NONE  # no end time: arrival stands
+
+
+def test_the_decision_is_final_once_every_host_settled_or_the_wait_is_over():
+    from container_entry.side_channel.decision import Change, FirstFailure
+
+    decision = FirstFailure(settle_seconds=3.0)
+    assert not decision.settle(True, 0.0)  # nothing decided: nothing to make final
+    later, earlier = {"rank": 3, "ended_at": 100.0}, {"rank": 0, "ended_at": 99.9}
+    assert decision.offer(later, 0.0) is Change.FIRST
+    since = decision.since
+    assert since is not None
+    assert not decision.settle(False, since + 2.9)  # a host still settling, the wait not over
+    assert decision.offer(earlier, 0.0) is Change.EARLIER  # not final: it still changes
+    assert decision.settle(False, since + 3.0) and decision.final
+    assert not decision.settle(True, since + 4.0)  # said once
+    assert decision.offer({"rank": 1, "ended_at": 1.0}, 0.0) is Change.NONE  # final: it stands
+    assert decision.failure is earlier
+    settled = FirstFailure(settle_seconds=3.0)
+    settled.offer(later, None)
+    assert settled.settle(True, time.monotonic()) and settled.failure is later  # at once
+
+
+def test_the_final_word_and_the_settled_word_are_checked_like_every_message():
+    from container_entry.side_channel.messages import to_master, to_member
+    from container_entry.side_channel.wire import Invalid
+
+    failure = {"host": "algo-2", "rank": 3, "returncode": 1}
+    assert to_member({"type": "first", "failure": failure, "final": True})["final"] is True
+    for final in (None, 1, 0, "true", [], {}):
+        with pytest.raises(Invalid, match="first final is not true or false"):
+            to_member({"type": "first", "failure": failure, "final": final})
+    with pytest.raises(Invalid, match="first without final"):
+        to_member({"type": "first", "failure": failure})
+    assert to_master({"type": "settled"}) == {"type": "settled"}
+    for extra in ({"host": "algo-1"}, {"failure": failure}, {"final": True}):
+        with pytest.raises(Invalid, match="settled with unknown field"):
+            to_master({"type": "settled", **extra})
 
 
 @pytest.mark.parametrize(
