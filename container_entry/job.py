@@ -292,6 +292,9 @@ class Job:
         if member is None or member.lost_master:
             return ending
         if ending.kind not in (Kind.FAILED, Kind.PEER_FAILED):
+            # a hang or a stop: its verdict (posted later) has no start to order it by, so it
+            # never takes the place of a decided failure; the others need not wait for it
+            member.settle()
             return ending
         own = [r for r in run.results.values() if r.failed and not r.stop_signal]
         if own:

@@ -15,12 +15,15 @@ from tests.ports import job_port
 
 PROBE = REPO / "tests" / "scripts" / "hang_probe.py"
 TIMEOUT = 6  # seconds of silence; the start-up (torch import, rendezvous) is well inside it
+# A fixed HANG_TIMEOUT counts from the launch (README): two hosts start 4 ranks and 2 bootstraps
+# at once, and beside the other tests (make test runs 4 at a time) that took over 6 s once
+HOSTS_TIMEOUT = 10
 
 
-def _start(tree, hps, **env):
+def _start(tree, hps, timeout=TIMEOUT, **env):
     (tree.base / "code" / "fault_probe.py").write_bytes(PROBE.read_bytes())  # start() runs it
     encoded = {name: json.dumps(value) for name, value in hps.items()}  # as SageMaker writes them
-    return start(tree, encoded, CONTAINER_ENTRY_HANG_TIMEOUT=str(TIMEOUT), **env)
+    return start(tree, encoded, CONTAINER_ENTRY_HANG_TIMEOUT=str(timeout), **env)
 
 
 def _failure(tree) -> str:
@@ -84,12 +87,16 @@ def test_a_slow_but_steady_job_is_never_declared_hung(tmp_path, hps):
     assert (tree.output / "success").exists()
 
 
+def _start_hosts(tree, hps, **env):
+    return _start(tree, hps, timeout=HOSTS_TIMEOUT, **env)
+
+
 def _two_hosts(tmp_path, hosts_file, hps, starter=None):
     hosts = ("algo-1", "algo-2")
     port = str(job_port())
     trees = [make_tree(tmp_path, script=None, current_host=h, hosts=hosts) for h in hosts]
     processes = [
-        (starter or _start)(
+        (starter or _start_hosts)(
             t,
             hps,
             argv_wrap=lambda a: with_hosts_file(a, hosts_file),
@@ -109,7 +116,7 @@ def test_a_rank_blocked_on_one_host_ends_every_host(tmp_path, hosts_file):
         assert line.startswith(
             "hung: rank 3 on algo-2 never entered all_reduce #2 of the default group; "
         ), line
-        assert line.endswith(f"(no output from any rank on any host for {TIMEOUT} s)"), line
+        assert line.endswith(f"(no output from any rank on any host for {HOSTS_TIMEOUT} s)"), line
         assert not any(alive(pid) for pid in worker_pids(tree))
     assert "rank 3 was at fault_probe.py:" in _failure(trees[1])
     assert "in quiet_forever" in _failure(trees[1])
@@ -119,7 +126,7 @@ def test_a_rank_blocked_on_one_host_ends_every_host(tmp_path, hosts_file):
 def test_output_on_one_host_keeps_every_host_alive(tmp_path, hosts_file):
     """algo-1's ranks are silent for longer than the timeout while rank 3 on algo-2 prints:
     the job is not hung (no rank on any host is silent is the rule, not every host)."""
-    hps = {"mode": "one-talks", "rank": "3", "seconds": str(TIMEOUT * 2.5), "every": "1"}
+    hps = {"mode": "one-talks", "rank": "3", "seconds": str(HOSTS_TIMEOUT * 2), "every": "1"}
     trees, results = _two_hosts(tmp_path, hosts_file, hps)
     for (returncode, _, err), tree in zip(results, trees, strict=True):
         assert returncode == 0, err[-3000:]
@@ -153,7 +160,7 @@ def test_a_hang_across_hosts_names_its_culprit_first_on_every_host(
         assert returncode == 124, err[-3000:]
         line = first_line(tree)
         assert line.startswith(culprit), (line, err[-3000:])
-        assert line.endswith(f"(no output from any rank on any host for {TIMEOUT} s)"), line
+        assert line.endswith(f"(no output from any rank on any host for {HOSTS_TIMEOUT} s)"), line
         if mode == "skip":  # where the culprit was, from its stack on algo-2
             assert "rank 3 was at fault_probe.py:" in line and " in evaluate" in line, line
         assert "rank 0 was at fault_probe.py:" in _failure(trees[0])  # the per-rank lines stay
