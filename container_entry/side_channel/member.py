@@ -95,6 +95,7 @@ class Member:
         self.aborted = threading.Event()  # either of the two
         self.finished = False
         self.posted = False  # this host told the others why it failed
+        self.posted_began: float | None = None  # when the failure it posted began
         self.waiting_for: list[str] = []  # hosts the master still waited for at its last beat
         self.waiting_count = 0
         self.heard = 0.0
@@ -285,19 +286,26 @@ class Member:
         return int(hosts), int(workers)
 
     def post_failure(self, failure: RankRecord) -> None:
-        """Tell the others why this host failed; once, and never to echo another's failure:
-        after an abort only a rank's failure that ended before the abort arrived, which may
-        still be the job's first (the master decides)."""
-        if self.posted:
+        """Tell the others why this host failed, and never echo another's failure: after an
+        abort only a rank's failure that began before the abort arrived, which may still be
+        the job's first (the master decides). Once, unless a rank's failure that began
+        earlier than the one posted turns up: the first rank seen to end is posted at once,
+        and a victim (its peer's exit closed its connection) may end before its culprit."""
+        began = failure.began
+        if self.posted and not (
+            failure.rank is not None
+            and began is not None
+            and self.posted_began is not None
+            and began < self.posted_began
+        ):
             return
         if self.aborted.is_set():
             arrived = self.aborted_at
-            began = failure.began
             if failure.rank is None or began is None or arrived is None:
                 return
             if began > arrived:
                 return
-        self.posted = True
+        self.posted, self.posted_began = True, began
         self._send(Failed(type=Kind.FAILED, failure=fitted(failure.relayed())))
 
     def settle(self) -> None:

@@ -1133,6 +1133,37 @@ def test_every_host_reads_the_same_first_failure_whenever_it_reads(arrival, gap)
     coordinator.close()
 
 
+def test_a_host_posts_again_for_a_rank_whose_failure_began_before_the_one_it_posted():
+    """The first of a host's ranks seen to end is posted at once; a victim (its culprit's exit
+    closed its connection) may end before the culprit whose traceback began first. The host
+    posts the culprit too, and only a failure that began earlier than what it posted."""
+    port = free_port()
+    coordinator = Coordinator(("algo-1", "algo-2"), port, **FAST)
+    one, two = member("algo-1", port), member("algo-2", port)
+    join_all([one, two])
+    time.sleep(BEAT * 4)
+    now = time.time()
+    victim = RankRecord(host="algo-2", rank=2, returncode=1, failed_at=now, ended_at=now)
+    culprit = RankRecord(host="algo-2", rank=3, returncode=1, failed_at=now - 0.05, ended_at=now)
+    two.post_failure(victim)
+    assert one.aborted.wait(5) and one.abort.rank == 2  # arrival stops every host at once
+    two.post_failure(culprit)
+    assert two.posted_began == now - 0.05
+    for later in (
+        RankRecord(host="algo-2", rank=1, returncode=1, failed_at=now - 0.01),
+        RankRecord(host="algo-2", rank=0, returncode=1, ended_at=now - 0.05),  # not earlier
+        RankRecord(host="algo-2", rank=None, returncode=1, what="a verdict"),
+    ):
+        two.post_failure(later)
+        assert two.posted_began == now - 0.05, later
+    two.settle()
+    one.settle()
+    assert [h.first_failure(5.0).rank for h in (one, two)] == [3, 3]
+    for host in (one, two):
+        host.close()
+    coordinator.close()
+
+
 def test_a_host_that_never_settles_holds_the_decision_only_for_the_settling_wait():
     """algo-3 beats but never settles (its ranks slow to stop, say): the others
     get the final word once the settling wait after the first failure is over, and a failure
