@@ -1084,10 +1084,9 @@ def test_two_failures_at_once_are_one_story_decided_by_the_ranks_own_end_times()
     assert hosts[0].aborted.wait(5) and hosts[0].abort.rank == 3  # arrival stops everyone
     hosts[0].post_failure(earlier)  # ended before the abort reached algo-1: still posted
     for host in hosts:
-        assert host.first_failure(5.0) is not None
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(h.first.rank != 0 for h in hosts):
-        time.sleep(0.02)
+        host.settle()
+    for host in hosts:
+        assert host.first_failure(5.0) is not None and host.decided.is_set()
     assert [(h.first.host, h.first.rank) for h in hosts] == [("algo-1", 0)] * 3
     for host in hosts:
         host.close()
@@ -1206,7 +1205,10 @@ def test_without_a_measured_clock_arrival_decides_and_a_consequence_is_not_poste
     two.post_failure(RankRecord(host="algo-2", rank=1, returncode=1, ended_at=now))
     assert one.aborted.wait(5)
     one.post_failure(RankRecord(host="algo-1", rank=0, returncode=1, ended_at=now - 1))
+    one.settle()
+    two.settle()
     assert two.first_failure(5.0).rank == 1 and one.first_failure(5.0).rank == 1
+    assert one.decided.is_set() and two.decided.is_set()
     time.sleep(0.3)
     assert one.first.rank == 1  # arrival order stands
     # a failure that ended after this host heard of another's is its consequence: not posted
