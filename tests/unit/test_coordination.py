@@ -519,6 +519,9 @@ def test_a_wrong_key_is_refused_and_the_member_says_why(capsys):
     other = keyed("algo-2", port, key=b"another job's key")
     with pytest.raises(NetworkError) as caught:
         other.join(5)
+    deadline = time.monotonic() + 5  # algo-1's join runs in a thread: on a busy machine, late
+    while not coordinator.has_joined("algo-1") and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert str(caught.value).startswith(
         "the master host 127.0.0.1 refused this host (not a host of this job: bad proof): "
         "every host must derive the same job key"
