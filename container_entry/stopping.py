@@ -59,12 +59,27 @@ def record_early() -> None:
     blocked (`env --block-signal=INT,TERM,HUP container-entry`) leaves no moment at all in
     which a stop is lost or a KeyboardInterrupt (Python's own start-up before this line, its
     site and runpy imports, takes tens of milliseconds): one that came meanwhile is pending,
-    and noted now."""
-    for sig in STOP_SIGNALS:
-        with contextlib.suppress(ValueError, OSError):  # not the main thread: nothing to do
-            _early_previous.setdefault(sig, signal.signal(sig, _note_early))
+    and noted now.
+
+    The bootstrap's first line is, seen from outside, the moment a stop signal is caught: from
+    then on none of them may find Python's KeyboardInterrupt or the default action."""
+    with contextlib.suppress(ValueError, OSError):  # not the main thread: nothing to do
+        for sig, previous in catch_together(_note_early).items():
+            _early_previous.setdefault(sig, previous)
     with contextlib.suppress(ValueError, OSError):
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def catch_together(handler: signal._HANDLER) -> dict[int, signal._HANDLER]:
+    """`handler` for every stop signal, installed while all of them are blocked (the signal mask
+    is then as it was): one by one, a SIGINT that came once SIGTERM was caught but before SIGINT
+    was would be Python's KeyboardInterrupt. Blocked, it waits and lands in `handler`. Returns
+    the handlers it replaced."""
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def release_early() -> None:

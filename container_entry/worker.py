@@ -38,9 +38,10 @@ import signal
 import time
 
 if __name__ == "__main__":  # the rank's wrapper: a stop is noted from its first line on
+    from container_entry.stopping import catch_together
+
     _EARLY: dict[int, float] = {}
-    for _sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(_sig, lambda signum, _: _EARLY.setdefault(signum, time.time()))
+    catch_together(lambda signum, _: _EARLY.setdefault(signum, time.time()))
 
 import contextlib
 import os

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -141,3 +142,54 @@ def test_a_stop_before_the_workers_start_exits_as_its_signal_would(stop):
         os.kill(os.getpid(), signal.SIGHUP)
         time.sleep(5)
     assert raised.value.exit_code == 129 and stop.signal == "SIGHUP"
+
+
+# Run in a fresh Python: every step (each line, each call into C) of record_early is checked.
+_EVERY_STEP_OF_RECORD_EARLY = r"""
+import signal, sys
+from container_entry import stopping
+
+bad = []
+
+def check(frame, event, arg):
+    ours = {sig for sig in stopping.STOP_SIGNALS if signal.getsignal(sig) is stopping._note_early}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    exposed = [s.name for s in stopping.STOP_SIGNALS if s not in ours and s not in blocked]
+    if ours and exposed:
+        bad.append(f"line {frame.f_lineno} {event}: {exposed} neither caught nor blocked")
+    return check
+
+# as started by `env --block-signal=INT,TERM,HUP` or with nothing blocked
+how = signal.SIG_BLOCK if sys.argv[1:] == ["blocked"] else signal.SIG_UNBLOCK
+signal.pthread_sigmask(how, stopping.STOP_SIGNALS)
+sys.setprofile(check)
+sys.settrace(check)
+stopping.record_early()
+sys.settrace(None)
+sys.setprofile(None)
+assert all(signal.getsignal(s) is stopping._note_early for s in stopping.STOP_SIGNALS)
+assert not set(stopping.STOP_SIGNALS) & signal.pthread_sigmask(signal.SIG_BLOCK, [])
+print("\n".join(bad) or "ok")
+"""
+
+
+@pytest.mark.parametrize("blocked_at_exec", [False, True])
+def test_once_one_stop_signal_is_caught_every_stop_signal_is_caught_or_blocked(blocked_at_exec):
+    """The first-line guarantee holds at every step of record_early, not only at its end: from
+    outside, the bootstrap's first line is the moment a stop signal is caught (SIGTERM in
+    /proc's SigCgt), and a sibling sent then must not find Python's KeyboardInterrupt or the
+    default action. Installed one by one without a block, a SIGINT right after SIGTERM's
+    handler went in was a KeyboardInterrupt traceback (seen under load in CI)."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _EVERY_STEP_OF_RECORD_EARLY,
+            "blocked" if blocked_at_exec else "open",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok", result.stdout
