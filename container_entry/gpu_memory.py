@@ -12,11 +12,11 @@ without the host's PID namespace the driver may report pids the container cannot
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from container_entry import offspring
 from container_entry.culprit import ranges
 from container_entry.records import WorkerPids
 
@@ -49,7 +49,7 @@ def oom_device(message: str, visible: str | None = None) -> int | None:
 
 
 def _smi(args: list[str]) -> list[list[str]]:
-    done = subprocess.run(
+    done = offspring.run(
         ["nvidia-smi", *args], capture_output=True, text=True, timeout=QUERY_SECONDS, check=True
     )
     return [[cell.strip() for cell in line.split(",")] for line in done.stdout.splitlines() if line]

@@ -33,6 +33,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from container_entry import offspring
+
 QUERY = "nvidia-smi -L"
 QUERY_TIMEOUT = 30.0
 _GPU_LINE = re.compile(r"^GPU (\d+): (.*?)(?: \(UUID: ([^)]+)\))?\s*$")
@@ -267,7 +269,7 @@ def query_nvidia_smi(timeout: float = QUERY_TIMEOUT) -> SmiResult:
     if binary is None:
         return SmiResult(None)
     try:
-        result = subprocess.run(
+        result = offspring.run(
             [binary, "-L"], capture_output=True, text=True, timeout=timeout, check=False
         )
     except subprocess.TimeoutExpired:

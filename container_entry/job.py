@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from container_entry import culprit, network, user_code
+from container_entry import culprit, network, offspring, user_code
 from container_entry.ending import Ending, Kind, Observed, verdict
 from container_entry.environment import Environment, base_dir_from, read_environment
 from container_entry.environment import read_json as read_config
@@ -392,3 +392,4 @@ def train(cli_args: Sequence[str], stop: Stop) -> int:
         stop.after_workers()
         if job:
             job.finish()
+        offspring.end_all()  # a child whose Popen a stop cut off is ended too

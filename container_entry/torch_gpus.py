@@ -94,8 +94,10 @@ def check_visible_gpus(
     mismatch with the driver and CUDA runtime versions."""
     if expected <= 0:
         return None
+    from container_entry import offspring  # as a program this file imports stdlib and torch only
+
     try:
-        done = subprocess.run(
+        done = offspring.run(
             [python, PROGRAM],
             env=dict(env),
             capture_output=True,

@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import subprocess
 import tarfile
 import tempfile
 import zlib
 from pathlib import Path
 from urllib.parse import urlparse
 
+from container_entry import offspring
 from container_entry.code_source import Kind
 from container_entry.errors import CodeError
 from container_entry.logs import log
@@ -134,6 +134,6 @@ def install_requirements(plan: Plan, python: str) -> None:
     pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements)]
     if shutil.which(python) is None and not Path(python).exists():
         raise CodeError(f"{requirements}: no python at {python} to install with")
-    result = subprocess.run(pip, check=False)
+    result = offspring.run(pip)
     if result.returncode != 0:
         raise CodeError(f"{requirements}: pip install failed with exit code {result.returncode}")
