@@ -9,6 +9,12 @@ ignores the signal (--ignore-term) to test the grace period.
 default process group's, hosted by torchrun) until the process exits, which the exit then waits
 for (ProcessGroupNCCL's destructor joins its heartbeat monitor, which sits in TCPStore::check).
 A rank whose store host is frozen never gets past that join.
+
+With --checkpoint-on-term the step's all_reduce is waited for in Python, as a rank's collective
+is with NCCL (it runs on the GPU's stream; Python goes on): the SIGTERM handler runs at once. A
+gloo all_reduce waited for in C++ holds the handler until the collective ends, and a peer
+already in its own 35 s handler never joins it: the handlers ran one host after the other and
+the last rank's checkpoint outlasted the grace period.
 """
 
 import argparse
@@ -99,7 +105,13 @@ while step < args.steps:
             sys.exit(3)
         if args.fault == "sigkill-self":
             os.kill(os.getpid(), signal.SIGKILL)
-    dist.all_reduce(torch.ones(1))
+    if args.checkpoint_on_term:
+        work = dist.all_reduce(torch.ones(1), async_op=True)
+        while not work.is_completed():
+            time.sleep(0.005)
+        work.wait()
+    else:
+        dist.all_reduce(torch.ones(1))
     print(f"step {step} rank {rank} t={time.time():.3f}", flush=True)
     step += 1
     deadline = time.time() + args.step_seconds
