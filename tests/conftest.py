@@ -46,10 +46,21 @@ def pytest_configure(config: pytest.Config) -> None:
         tempfile.tempdir = None
 
 
+def shares_a_module_fixture(item: pytest.Item) -> bool:
+    """Whether the test uses a module-scoped fixture: every worker that runs one of the module's
+    tests builds it again (the GPU check's self-test: 45 s, once on each of 4 workers)."""
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = info.name2fixturedefs.values() if info is not None else ()
+    return any(d.scope == "module" for defs in definitions for d in defs)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """One worker for each module whose tests share something: docker and delivery modules (a
+    cluster network, a registry, a harness) and any module with a module-scoped fixture."""
     for item in items:
         path = Path(str(item.fspath)).relative_to(REPO)
-        if path.parts[:2] in (("tests", "docker"), ("tests", "delivery")):
+        together = path.parts[:2] in (("tests", "docker"), ("tests", "delivery"))
+        if together or shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(name=path.as_posix()))
 
 

@@ -149,11 +149,11 @@ def test_failure_that_outlives_every_restart_fails_the_job_naming_the_rank(tmp_p
     assert not any(alive(pid) for pid in worker_pids(tree))
 
 
-SLOW_CHECKPOINT = 60.0  # seconds a rank needs after SIGTERM: past torchrun's old fixed 30 s
+SLOW_CHECKPOINT = 35.0  # seconds a rank needs after SIGTERM: past torchrun's old fixed 30 s
 
 
 def test_sigterm_reaches_every_rank_fast_and_a_slow_checkpoint_is_written(tmp_path):
-    """The default grace (100 s) holds for a checkpoint that takes 60 s, on the host's torch
+    """The default grace (100 s) holds for a checkpoint that takes 35 s, on the host's torch
     (the newest: torchrun's own --shutdown-timeout); tests/docker has the same on torch 2.9."""
     tree = make_tree(tmp_path, script=FAULT)
     (tree.base / "checkpoints").mkdir()
@@ -182,7 +182,7 @@ def test_sigterm_reaches_every_rank_fast_and_a_slow_checkpoint_is_written(tmp_pa
     assert (tree.base / "checkpoints" / "older.bin").read_bytes() == b"keep"
     line = first_line(tree)
     assert line.startswith("job stopped by SIGTERM on algo-1"), line
-    assert re.search(r"all 2 local ranks exited within 6\d\.\d s$", line), line
+    assert re.search(r"all 2 local ranks exited within 3[5-9]\.\d s$", line), line
     assert not any(alive(pid) for pid in worker_pids(tree))
     print(f"SIGTERM -> ranks signalled: {max(latencies) * 1000:.0f} ms")
 
