@@ -54,6 +54,7 @@ def shares_a_module_fixture(item: pytest.Item) -> bool:
     return any(d.scope == "module" for defs in definitions for d in defs)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """One worker for each module whose tests share something: docker and delivery modules (a
     cluster network, a registry, a harness) and any module with a module-scoped fixture."""
