@@ -19,6 +19,12 @@ from pathlib import Path
 from typing import Any
 
 
+def began(failed_at: Any, ended_at: Any) -> Any:
+    """When a failure began, the job's rule for which came first: the start of the rank's last
+    traceback (failed_at), else its end (ended_at). Records and relayed failures alike."""
+    return failed_at if failed_at is not None else ended_at
+
+
 @dataclass(frozen=True)
 class RankRecord:
     host: str | None
@@ -54,8 +60,7 @@ class RankRecord:
 
     @property
     def began(self) -> float | None:
-        """When the failure began, for which came first: failed_at, else ended_at."""
-        return self.failed_at if self.failed_at is not None else self.ended_at
+        return began(self.failed_at, self.ended_at)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from container_entry.records import began
 from container_entry.side_channel.schema import Relayed
 
 CLOCK_TOLERANCE = 5.0  # seconds: a host whose clock seems further off is ordered by arrival
@@ -73,18 +74,13 @@ class FirstFailure:
             return True
 
 
-def began(failure: Mapping[str, Any]) -> Any:
-    """When a relayed failure began (RankRecord.began): failed_at, else ended_at."""
-    failed_at = failure.get("failed_at")
-    return failed_at if failed_at is not None else failure.get("ended_at")
-
-
 def earlier(
     new: Mapping[str, Any], new_skew: float | None, old: Mapping[str, Any], old_skew: float | None
 ) -> bool:
     """Whether failure `new` began before `old`, where both hosts' clocks allow saying so (each
     measured and within CLOCK_TOLERANCE of the master's); else arrival order stands."""
-    new_end, old_end = began(new), began(old)
+    new_end = began(new.get("failed_at"), new.get("ended_at"))
+    old_end = began(old.get("failed_at"), old.get("ended_at"))
     if not isinstance(new_end, int | float) or not isinstance(old_end, int | float):
         return False
     if new_skew is None or old_skew is None:
