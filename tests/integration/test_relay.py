@@ -452,11 +452,13 @@ with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], f"done-{rank}"), "w") a
 """
 
 
-SLOW_TAIL = """
+# the full-disk test's hang timeout: above a rank's start-up beside a busy suite (5 s was not)
+FULL_DISK_HANG_TIMEOUT = 10
+SLOW_TAIL = f"""
 import time
-for i in range(12):  # longer than the hang timeout, after the log stopped
-    print(f"tail {i} rank {rank}", flush=True)
-    time.sleep(0.6)
+for i in range({FULL_DISK_HANG_TIMEOUT + 4}):  # longer than the hang timeout, after the log stopped
+    print(f"tail {{i}} rank {{rank}}", flush=True)
+    time.sleep(1.0)
 """
 
 
@@ -492,8 +494,7 @@ def test_a_full_disk_under_the_rank_logs_never_ends_training(tmp_path):
         PET_NPROC_PER_NODE="2",
         CONTAINER_ENTRY_MASTER_PORT=str(job_port()),
         # the watchdog reads the logs' times: a rank whose log stopped is not idle
-        # (5 s: a loaded machine may take 2 s to start a rank; the tail lasts 7 s)
-        CONTAINER_ENTRY_HANG_TIMEOUT="5",
+        CONTAINER_ENTRY_HANG_TIMEOUT=str(FULL_DISK_HANG_TIMEOUT),
     )
     process = subprocess.Popen(
         on_tiny_tmpfs(bootstrap_argv(), run_dir, "256k", kept),
@@ -508,7 +509,8 @@ def test_a_full_disk_under_the_rank_logs_never_ends_training(tmp_path):
         assert (tree.output / f"data/done-{rank}").read_text() == "3999"
         steps = [line for line in tagged(out.text(), rank) if line.startswith(b"step ")]
         assert len(steps) == 4000 and steps[-1].startswith(b"step 3999 ")
-        assert f"tail 11 rank {rank}".encode() in tagged(out.text(), rank)
+        last = FULL_DISK_HANG_TIMEOUT + 3
+        assert f"tail {last} rank {rank}".encode() in tagged(out.text(), rank)
         assert len([x for x in tagged(err.text(), rank) if x.startswith(b"stderr step")]) == 400
         ours = b"container-entry: rank log"
         notices = [x for x in tagged(err.text(), rank) if x.startswith(ours)]

@@ -47,6 +47,16 @@ def join_all(members, timeout=10.0):
     assert all(m.started.is_set() for m in members)
 
 
+def clocks_measured(coordinator: Coordinator, timeout: float = 10.0) -> None:
+    """Until the master has measured every host's clock from its heartbeats: which failure came
+    first is decided by the ranks' own times only then (arrival order before). A fixed few
+    beats' sleep was not enough beside a busy suite."""
+    deadline = time.monotonic() + timeout
+    while any(peer.skew is None for peer in coordinator.roster.open_peers()):
+        assert time.monotonic() < deadline, "a host's clock was never measured"
+        time.sleep(BEAT / 2)
+
+
 def background_join(m: Member, timeout: float) -> list[BaseException]:
     """Join in a thread; what it raised lands in the returned list."""
     raised: list[BaseException] = []
@@ -1094,7 +1104,7 @@ def test_two_failures_at_once_are_one_story_decided_by_the_ranks_own_end_times()
     coordinator = Coordinator(("algo-1", "algo-2", "algo-3"), port, **FAST)
     hosts = [member(f"algo-{i}", port) for i in (1, 2, 3)]
     join_all(hosts)
-    time.sleep(BEAT * 4)  # a few heartbeats: every host's clock measured
+    clocks_measured(coordinator)
     now = time.time()
     earlier = RankRecord(host="algo-1", rank=0, returncode=1, ended_at=now - 0.014)
     later = RankRecord(host="algo-2", rank=3, returncode=1, ended_at=now)
@@ -1123,7 +1133,7 @@ def test_every_host_reads_the_same_first_failure_whenever_it_reads(arrival, gap)
     coordinator = Coordinator(("algo-1", "algo-2"), port, **FAST)
     one, two = member("algo-1", port), member("algo-2", port)
     join_all([one, two])
-    time.sleep(BEAT * 4)  # a few heartbeats: both clocks measured
+    clocks_measured(coordinator)
     now = time.time()
     earlier = RankRecord(host="algo-1", rank=0, returncode=1, failed_at=now - 0.02, ended_at=now)
     later = RankRecord(host="algo-2", rank=3, returncode=1, failed_at=now - 0.01, ended_at=now)
@@ -1158,7 +1168,7 @@ def test_a_host_posts_again_for_a_rank_whose_failure_began_before_the_one_it_pos
     coordinator = Coordinator(("algo-1", "algo-2"), port, **FAST)
     one, two = member("algo-1", port), member("algo-2", port)
     join_all([one, two])
-    time.sleep(BEAT * 4)
+    clocks_measured(coordinator)
     now = time.time()
     victim = RankRecord(host="algo-2", rank=2, returncode=1, failed_at=now, ended_at=now)
     culprit = RankRecord(host="algo-2", rank=3, returncode=1, failed_at=now - 0.05, ended_at=now)
@@ -1190,7 +1200,7 @@ def test_a_host_that_never_settles_holds_the_decision_only_for_the_settling_wait
     coordinator = Coordinator(("algo-1", "algo-2", "algo-3"), port, settle_seconds=settle, **FAST)
     one, two, three = (member(f"algo-{i}", port) for i in (1, 2, 3))
     join_all([one, two, three])  # algo-3 beats on, and never settles
-    time.sleep(BEAT * 4)
+    clocks_measured(coordinator)
     now = time.time()
     posted = time.monotonic()
     two.post_failure(RankRecord(host="algo-2", rank=3, returncode=1, ended_at=now))
