@@ -311,7 +311,9 @@ def test_a_host_joining_after_a_failure_hears_it_at_once():
     with pytest.raises(PeerFailure, match="algo-1: CodeError: x; algo-3 started no worker"):
         late.join(30)
     assert time.monotonic() - started < 1.0
-    time.sleep(0.3)
+    deadline = time.monotonic() + 5  # its join thread ends on its own time
+    while not raised[1] and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert isinstance(raised[1][0], PeerFailure)  # two heard it during its own join
     for m in (one, two, late):
         m.close()
@@ -693,9 +695,11 @@ def test_a_host_speaks_only_for_itself(job3, capsys):
     coordinator, (one, two, three), _ = job3
     two._send({"type": "done", "host": "algo-3"})
     two._send({"type": "failed", "failure": {**CUDA, "host": "algo-3"}})
-    time.sleep(0.2)
+    err, deadline = "", time.monotonic() + 5  # until the master has read both
+    while "ignored a failure from algo-2" not in err and time.monotonic() < deadline:
+        time.sleep(0.02)
+        err += capsys.readouterr().err
     assert coordinator.finished == set() and coordinator.first_failure is None
-    err = capsys.readouterr().err
     assert "ignored 'done' from algo-2 (127.0.0.1:" in err
     assert "ignored a failure from algo-2 (127.0.0.1:" in err and "about another host" in err
     # a failure naming no host is this host's own
