@@ -118,8 +118,10 @@ def test_a_slow_preflight_is_no_hang_and_the_script_gets_its_own_start_up(tmp_pa
         SAGEMAKER_PROGRAM="ddp_probe.py",
         PET_NPROC_PER_NODE="2",
         CONTAINER_ENTRY_PREFLIGHT="true",
-        CONTAINER_ENTRY_HANG_TIMEOUT="8",  # start-up (torchrun's own included) stays below it
-        _CONTAINER_ENTRY_PREFLIGHT_STALL=f"1:{stage}:16",
+        # the start-up (torchrun's own included) stays below it, beside a busy suite too (8 s
+        # did not); the stall outlasts it
+        CONTAINER_ENTRY_HANG_TIMEOUT="12",
+        _CONTAINER_ENTRY_PREFLIGHT_STALL=f"1:{stage}:20",
     )
     done = run(bootstrap_argv(), env, timeout=180)
     assert done.returncode == 0, done.stderr[-3000:]
