@@ -74,7 +74,7 @@ demo: docker demo-disk venv standin ## build stand-in + image, run a 2-host x 2-
 		--script examples/hf_trainer_tiny.py --data build/demo-data/data.jsonl \
 		--hp epochs=3 --hp learning-rate=0.005
 
-test: docker test-disk venv ## run every test (unit, real torchrun, docker cluster); needs a docker engine
+test: docker test-disk venv standin ## run every test (unit, real torchrun, docker cluster); needs a docker engine
 	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Free disk first: one line and exit 1 now, not `no space left on device` minutes into a build.
