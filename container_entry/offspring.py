@@ -24,11 +24,10 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Sequence
 from typing import Any
 
-from container_entry.workers import GONE_SECONDS, children, exited
+from container_entry.workers import GONE_SECONDS, children, wait_exited
 
 
 def run(
@@ -61,9 +60,7 @@ def end_all(timeout: float = GONE_SECONDS) -> list[int]:
     left = children(os.getpid())
     for pid in left:
         _kill_group(pid)
-    deadline = time.monotonic() + timeout
-    while any(not exited(pid) for pid in left) and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_exited(left, timeout)
     for pid in left:
         with contextlib.suppress(ChildProcessError, OSError):
             os.waitpid(pid, os.WNOHANG)

@@ -39,6 +39,14 @@ def exited(pid: int) -> bool:
     return state in ("Z", "X")
 
 
+def wait_exited(pids: Sequence[int], timeout: float) -> None:
+    """Until every one of `pids` has exited (a SIGKILL is delivered, not yet done, when kill()
+    returns), or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while any(not exited(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def catches(pid: int, sig: signal.Signals) -> bool:
     """Whether process `pid` has a handler installed for `sig` (its SigCgt mask in /proc)."""
     try:
@@ -96,10 +104,7 @@ class Workers:
     def wait_gone(self, timeout: float = GONE_SECONDS) -> None:
         """Until every known rank process has exited (a SIGKILL is delivered, not yet done,
         when kill() returns): nothing of the job outlives the launcher. Bounded."""
-        pids = [pid for p in self.known.values() for pid in (p.wrapper, p.child)]
-        deadline = time.monotonic() + timeout
-        while any(not exited(pid) for pid in pids) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_exited([pid for p in self.known.values() for pid in (p.wrapper, p.child)], timeout)
 
     def capture_stacks(self, wait: float = 0.5) -> None:
         """Every rank's stacks on disk before it is torn down."""
