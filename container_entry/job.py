@@ -44,8 +44,6 @@ from container_entry.torchrun_process import Prestarted, child_environment
 # for the master's final word on which failure was the job's first: it comes once every host
 # settled, at the latest decision.SETTLE_SECONDS after the first failure reached the master
 FIRST_FAILURE_WAIT = SETTLE_SECONDS + 2.0
-# for the master's culprit of a hang: it waits up to gathering.GATHER_SECONDS for every host
-CULPRIT_WAIT = 12.0
 
 
 def resolve(cli_args: Sequence[str], environ: Mapping[str, str] | None = None) -> Plan:
@@ -323,7 +321,7 @@ class Job:
         elif self.member.lost_master:
             return ending
         else:
-            found = self.member.hang_culprit(CULPRIT_WAIT)
+            found = self.member.hang_culprit()
         if timed_out:
             return replace(ending, culprit=found)
         what = culprit.explained(record.what or "hung", found)

@@ -242,12 +242,21 @@ class Supervisor:
 
     def _sharer(self) -> Callable[[], None] | None:
         """Several hosts: this host's ranks' records to the master, which lines up every
-        host's for the hang's culprit (one host analyses its own: job.py)."""
+        host's for the hang's culprit (one host analyses its own: job.py); then its word,
+        before any rank here is ended. Ending them first would end the other hosts' ranks
+        inside the collective (their peers closed the connection, or NCCL aborted) before
+        those hosts had asked them for their records and stacks: the hosts hear the verdict
+        at different moments, and each is as slow as its machine."""
         member = self.member
         if member is None:
             return None
         host = self.plan.topology.current_host
-        return lambda: member.post_records(culprit.local_ranks(self.run_dir, host))
+
+        def share() -> None:
+            member.post_records(culprit.local_ranks(self.run_dir, host))
+            member.hang_culprit()  # every host's records are in (or the wait is over)
+
+        return share
 
     def _teller(self, record: RankRecord) -> Callable[[], None] | None:
         member = self.member

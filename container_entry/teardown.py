@@ -22,6 +22,7 @@ import subprocess
 from collections.abc import Callable
 
 from container_entry import flight_recorder
+from container_entry.culprit import ranges
 from container_entry.ending import Observed
 from container_entry.layout import ControlDir, RunDir
 from container_entry.logs import log
@@ -115,7 +116,13 @@ class Hanging(Winding):
         even while the main thread waits in native code) and each rank's flight-recorder
         records (NCCL's and gloo's), awaited until complete (bounded)."""
         self.workers.capture_stacks(wait=1.0)
-        flight_recorder.collect(self.control, self.run_dir, self.workers.refresh())
+        ranks = sorted(self.workers.refresh())
+        landed = flight_recorder.collect(self.control, self.run_dir, ranks)
+        if missing := [rank for rank in ranks if rank not in landed]:
+            log(
+                f"no flight-recorder records from rank(s) {ranges(missing)} within "
+                f"{flight_recorder.WAIT_SECONDS:g} s (not a Python rank, gone, or not answering)"
+            )
         if self.share is not None:
             self.share()
 

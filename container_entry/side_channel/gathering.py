@@ -17,6 +17,8 @@ from container_entry.side_channel.schema import NAME_CAP, SHORT_CAP, TEXT_CAP, i
 from container_entry.side_channel.wire import LINE_LIMIT, Invalid, encode
 
 GATHER_SECONDS = 8.0  # after the first host's records, for the others'
+# a host's wait for the master's culprit: GATHER_SECONDS and the hosts' own dump waits
+CULPRIT_WAIT = 12.0
 WIRE_CALLS = 16  # per rank and group on the wire: a hang needs the tail of each sequence
 MAX_RANKS = 512  # in one host's message
 MAX_GROUPS = 64

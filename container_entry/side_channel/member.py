@@ -19,6 +19,7 @@ from container_entry.errors import NetworkError
 from container_entry.logs import log
 from container_entry.network import backoff
 from container_entry.records import RankRecord
+from container_entry.side_channel.gathering import CULPRIT_WAIT
 from container_entry.side_channel.gathering import fitted as fitted_records
 from container_entry.side_channel.handshake import MemberHandshake, Refusal
 from container_entry.side_channel.liveness import (
@@ -231,6 +232,7 @@ class Member:
             self.lost_reason = reason
             log(f"the master host {self.master} {self._lost_words()}: stopping this host")
             self.aborted.set()
+        self.explained.set()  # no culprit can come now: nobody waits for it in vain
         if not self.finished:  # a silent master gets no more of our beats
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
@@ -323,9 +325,9 @@ class Member:
         """This host's ranks' collective records, for the master's culprit (gathering.py)."""
         self._send({"type": Kind.RECORDS, "ranks": fitted_records(ranks)})  # as on the wire
 
-    def hang_culprit(self, timeout: float) -> str | None:
+    def hang_culprit(self, timeout: float = CULPRIT_WAIT) -> str | None:
         """The culprit as the master found it in every host's records; None: it named no one,
-        or said nothing within `timeout`."""
+        said nothing within `timeout`, or is gone."""
         self.explained.wait(timeout)
         return self.culprit
 

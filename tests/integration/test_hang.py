@@ -5,6 +5,7 @@ that hangs on the other host than the master."""
 from __future__ import annotations
 
 import json
+import signal
 import time
 
 import pytest
@@ -164,6 +165,52 @@ def test_a_hang_across_hosts_names_its_culprit_first_on_every_host(
         if mode == "skip":  # where the culprit was, from its stack on algo-2
             assert "rank 3 was at fault_probe.py:" in line and " in evaluate" in line, line
         assert "rank 0 was at fault_probe.py:" in _failure(trees[0])  # the per-rank lines stay
+
+
+@pytest.mark.parametrize("late", ["algo-1", "algo-2"])
+def test_a_host_that_acts_on_the_hang_late_still_has_its_ranks_in_the_culprit(
+    tmp_path, hosts_file, late
+):
+    """The hosts hear the verdict at different moments, and each is as slow as its machine:
+    the late host's bootstrap is frozen for 4 s as soon as the other one starts its teardown
+    (the master's, algo-1, with it). The ranks abort when a peer's connection breaks, as
+    NCCL's do. No host ends its ranks before every host's records are in (ending them would
+    abort the late host's ranks, unrecorded): every rank is counted, and the culprit's stack is
+    there."""
+    hosts = ("algo-1", "algo-2")
+    port = str(job_port())
+    trees = [make_tree(tmp_path, script=None, current_host=h, hosts=hosts) for h in hosts]
+    processes = [
+        _start_hosts(
+            t,
+            {"mode": "skip", "rank": "3", "abort-when-a-peer-dies": "1"},
+            argv_wrap=lambda a: with_hosts_file(a, hosts_file),
+            CONTAINER_ENTRY_MASTER_PORT=port,
+        )
+        for t in trees
+    ]
+    early, slow = (processes[1], processes[0]) if late == "algo-1" else processes
+    assert early.stderr is not None
+    seen = []
+    for line in early.stderr:
+        seen.append(line)
+        if "recording stacks, stopping this host's workers" in line:
+            break
+    else:
+        pytest.fail("no teardown began: " + "".join(seen[-20:]))
+    slow.send_signal(signal.SIGSTOP)
+    time.sleep(4.0)
+    slow.send_signal(signal.SIGCONT)
+    results = [finish(p, timeout=180) for p in processes]
+    for (returncode, _, err), tree in zip(results, trees, strict=True):
+        assert returncode == 124, err[-3000:]
+        line = first_line(tree)
+        assert line.startswith(
+            "hung: rank 3 on algo-2 never entered all_reduce #5 of the default group; "
+            "the 3 other ranks wait in it since "
+        ), (line, err[-3000:])
+        assert "rank 3 was at fault_probe.py:" in line and " in evaluate" in line, line
+        assert not any(alive(pid) for pid in worker_pids(tree))
 
 
 def _start_without_watchdog(tree, hps, **env):

@@ -15,10 +15,16 @@
                     others call an all_reduce of 4096 float32 (a desync to name)
 --pg-timeout S: the collectives time out after S seconds (gloo's own timeout, as NCCL's
                 watchdog would end them)
+--abort-when-a-peer-dies 1: as NCCL does (TORCH_NCCL_ASYNC_ERROR_HANDLING, its default): a
+                rank whose connection to any peer breaks aborts at once (no atexit, no record
+                at its death). gloo notices only where a collective waits on that peer.
 """
 
 import argparse
 import datetime
+import os
+import select
+import socket
 import threading
 import time
 
@@ -31,6 +37,7 @@ parser.add_argument("--rank", type=int, default=1)
 parser.add_argument("--seconds", type=float, default=8.0)
 parser.add_argument("--every", type=float, default=1.0)
 parser.add_argument("--pg-timeout", type=float, default=None, help="collectives time out after")
+parser.add_argument("--abort-when-a-peer-dies", type=int, default=0)
 args = parser.parse_args()
 
 if args.pg_timeout:
@@ -38,6 +45,30 @@ if args.pg_timeout:
 else:
     dist.init_process_group("gloo")
 rank = dist.get_rank()
+
+
+def abort_when_a_peer_dies() -> None:
+    """One connection to every other rank, as NCCL's; the first that breaks aborts this rank."""
+    store, world = dist.distributed_c10d._get_default_store(), dist.get_world_size()
+    listener = socket.create_server(("127.0.0.1", 0))
+    store.set(f"probe-peer-{rank}", str(listener.getsockname()[1]))
+    links = [
+        socket.create_connection(("127.0.0.1", int(store.get(f"probe-peer-{peer}"))))
+        for peer in range(rank + 1, world)
+    ]
+    links += [listener.accept()[0] for _ in range(rank)]
+
+    def watch() -> None:
+        readable, _, _ = select.select(links, [], [])
+        readable[0].recv(1)  # only ever EOF: nobody sends
+        print(f"rank {rank}: a peer's connection broke: aborting, as NCCL does", flush=True)
+        os.abort()
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+if args.abort_when_a_peer_dies:
+    abort_when_a_peer_dies()
 print(f"rank {rank} ready", flush=True)
 dist.barrier()
 

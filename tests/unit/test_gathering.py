@@ -6,6 +6,8 @@ that never exceeds the master's limit."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
@@ -42,6 +44,36 @@ def test_the_master_names_the_culprit_on_every_host_from_every_host_s_records():
     for member in (one, two):
         member.close()
     coordinator.close()
+
+
+def test_a_host_waiting_for_the_culprit_stops_waiting_when_the_master_is_gone():
+    """Hosts wait for the master's word before they end their ranks (supervisor._sharer): a
+    master that goes away mid-wait must not hold a host for the whole wait."""
+    port = free_port()
+    coordinator = Coordinator(("algo-1", "algo-2"), port, **FAST)
+    two = Member("algo-2", "127.0.0.1", port, **FAST)
+    one = Member("algo-1", "127.0.0.1", port, **FAST)
+    join_all([one, two])
+    two.post_records([rank(2, "x", 6, True)])
+    waited: list[float] = []
+    waiter = threading.Thread(
+        target=lambda: waited.append(timed(lambda: two.hang_culprit(30.0))), daemon=True
+    )
+    waiter.start()
+    time.sleep(0.3)
+    assert waiter.is_alive()  # algo-1's records are missing: the master still waits
+    coordinator.close()
+    waiter.join(10.0)
+    assert waited and waited[0] < 10.0, waited
+    assert two.culprit is None
+    for member in (one, two):
+        member.close()
+
+
+def timed(work) -> float:
+    started = time.monotonic()
+    work()
+    return time.monotonic() - started
 
 
 def test_a_host_that_never_sends_does_not_hold_the_verdict_past_the_wait():
