@@ -28,8 +28,24 @@ import socket
 import threading
 import time
 
-import torch
-import torch.distributed as dist
+from container_entry.hang import report_progress  # stdlib only: before torch
+
+started = threading.Event()  # set once this rank is past its start-up
+
+
+def starting() -> None:
+    """A fixed HANG_TIMEOUT counts from the launch, and the start-up (torch's import, the
+    rendezvous) outlasted 6 s, and 15 s in a container, beside a busy suite (run 27): the
+    probe reports progress until it is past it, so the silence under test begins where the
+    probe hangs, however slow the machine."""
+    while not started.wait(0.5):
+        report_progress()
+
+
+threading.Thread(target=starting, daemon=True).start()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--mode", required=True)
@@ -71,6 +87,7 @@ if args.abort_when_a_peer_dies:
     abort_when_a_peer_dies()
 print(f"rank {rank} ready", flush=True)
 dist.barrier()
+started.set()
 
 
 def stuck_in_python() -> None:
