@@ -145,10 +145,11 @@ def test_a_rank_blocked_on_host_two_is_a_hang_on_both_hosts_naming_the_culprit(
     without printing), or calls a broadcast where they call an all_reduce; both containers
     exit 124, the first line of both failure files names the culprit from every host's
     flight records, and the lines below say where each rank was."""
-    # the probe reports progress through its start-up (hang_probe.starting: beside three other
-    # docker clusters the ranks were still importing torch after 15 s, run 27), so the silence
-    # counts from the hang; 10 s, not 8, for the hosts' idle reports under load
-    timeout = 10
+    # A fixed HANG_TIMEOUT counts from the launch. The probe reports progress through its own
+    # start-up (hang_probe.starting: beside three other docker clusters the ranks were still
+    # importing torch after 15 s, run 27), but torchrun's start before it counts: no rank had
+    # started in a container after 10 s (run 28). So 20 s.
+    timeout = 20
     hps = {"mode": f'"{mode}"', "rank": "3", "container_entry_hang_timeout": str(timeout)}
     job = cluster(image, tmp_path, hps, script=HANG)
     results = job.run(timeout=300)
