@@ -18,11 +18,30 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# What a rank's exception says when a peer's end broke its connection: its failure is the
+# consequence of the peer's. gloo closes a pair in C++ when its collective times out, before
+# that rank's Python prints its traceback, so the victim's traceback could start first (8 ms,
+# run 31 of docs/test-speed.md).
+PEER_GONE = (
+    "Connection closed by peer",  # gloo
+    "Connection reset by peer",
+    "remote process exited or there was a network error",  # NCCL's ncclRemoteError
+    "ncclRemoteError",
+)
+PEER_LAG = 1.0  # seconds by which a consequence may be seen before its cause
 
-def began(failed_at: Any, ended_at: Any) -> Any:
+
+def began(failed_at: Any, ended_at: Any, exception: Any = None) -> Any:
     """When a failure began, the job's rule for which came first: the start of the rank's last
-    traceback (failed_at), else its end (ended_at). Records and relayed failures alike."""
-    return failed_at if failed_at is not None else ended_at
+    traceback (failed_at), else its end (ended_at); a failure whose exception says a peer's
+    connection broke counts PEER_LAG later, so a failure of any other kind that began within
+    that lag after it comes first. Records and relayed failures alike."""
+    at = failed_at if failed_at is not None else ended_at
+    if isinstance(at, int | float) and isinstance(exception, dict):
+        message = str(exception.get("message") or "")
+        if any(words in message for words in PEER_GONE):
+            return at + PEER_LAG
+    return at
 
 
 @dataclass(frozen=True)
@@ -60,7 +79,7 @@ class RankRecord:
 
     @property
     def began(self) -> float | None:
-        return began(self.failed_at, self.ended_at)
+        return began(self.failed_at, self.ended_at, self.exception)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -79,8 +79,8 @@ def earlier(
 ) -> bool:
     """Whether failure `new` began before `old`, where both hosts' clocks allow saying so (each
     measured and within CLOCK_TOLERANCE of the master's); else arrival order stands."""
-    new_end = began(new.get("failed_at"), new.get("ended_at"))
-    old_end = began(old.get("failed_at"), old.get("ended_at"))
+    new_end = began(new.get("failed_at"), new.get("ended_at"), new.get("exception"))
+    old_end = began(old.get("failed_at"), old.get("ended_at"), old.get("exception"))
     if not isinstance(new_end, int | float) or not isinstance(old_end, int | float):
         return False
     if new_skew is None or old_skew is None:

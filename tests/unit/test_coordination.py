@@ -15,7 +15,7 @@ import time
 import pytest
 
 from container_entry.errors import NetworkError
-from container_entry.records import RankRecord
+from container_entry.records import PEER_GONE, RankRecord
 from container_entry.side_channel import Coordinator, Member, PeerFailure
 from container_entry.side_channel.keys import join_proof, welcome_proof
 from container_entry.side_channel.liveness import tune
@@ -1383,6 +1383,34 @@ def test_the_first_failure_is_the_one_that_began_first_whatever_the_order_of_end
         for f in (culprit, victim)
     ]
     assert min(records, key=lambda r: r.began or 0).rank == (3 if first == "c" else 1)
+
+
+TIMEOUT_ERROR = {"type": "RuntimeError", "message": "Timed out waiting 4000ms for recv operation"}
+
+
+@pytest.mark.parametrize("words", [*PEER_GONE, "connection closed"])
+@pytest.mark.parametrize(("ahead", "first"), [(0.008, "c"), (0.9, "c"), (1.5, "v")])
+@pytest.mark.parametrize("arrival", ["culprit first", "victim first"])
+def test_a_failure_that_says_a_peer_is_gone_never_comes_before_its_cause(
+    words, ahead, first, arrival
+):
+    """A victim's traceback (its peer's connection broke) may start before the culprit's own:
+    gloo closes a timed-out pair in C++ before that rank's Python prints (8 ms, run 31). A
+    failure that says a peer is gone counts PEER_LAG later; one that began more than that
+    before the other stays first; words that do not say so (the last case) move nothing."""
+    from container_entry.side_channel.decision import FirstFailure
+
+    gone = {"type": "RuntimeError", "message": f"[pair.cc:561] {words} [127.0.0.1]:60321."}
+    culprit = {"rank": 1, "failed_at": 100.0, "ended_at": 101.0, "exception": TIMEOUT_ERROR}
+    victim = {"rank": 0, "failed_at": 100.0 - ahead, "ended_at": 100.5, "exception": gone}
+    if words not in PEER_GONE:  # not a consequence by its words: its start decides
+        first = "v"
+    decision = FirstFailure()
+    for failure in (culprit, victim) if arrival == "culprit first" else (victim, culprit):
+        decision.offer(failure, 0.0)
+    assert decision.failure is (culprit if first == "c" else victim)
+    records = [RankRecord(host="h", returncode=1, **f) for f in (culprit, victim)]
+    assert min(records, key=lambda r: r.began or 0).rank == (1 if first == "c" else 0)
 
 
 def test_the_master_s_watch_names_the_silent_and_declares_a_hang_only_when_all_are_idle():
