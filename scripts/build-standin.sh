@@ -10,12 +10,13 @@
 #      (skipped when the image exists);
 #   2. a host CPython 3.12 install tree (pyenv's, by default) staged into build/standin/python
 #      for the image's /usr/local (skipped when the source tree is unchanged);
-#   3. wheels for docker/standin/requirements.txt built/downloaded on the host with that same
-#      Python into build/standin/wheels (skipped when they match the requirements already),
-#      then every wheel's tags checked against that Python running in the base image;
+#   3. wheels for docker/standin/requirements.txt, under the lock docker/standin/constraints.txt,
+#      built/downloaded on the host with that same Python into build/standin/wheels (skipped
+#      when they match both already), then every wheel checked: pinned by the lock at its
+#      version (scripts/standin_lock.py), and its tags against that Python in the base image;
 #   4. docker build of docker/standin/Dockerfile with build/standin/ as context (skipped when
 #      the image carries the fingerprint of exactly these inputs; docker's layer cache covers
-#      partial changes);
+#      partial changes), after a check that docker's disk has room for it;
 #   5. smoke test: versions, `pip check`, a 2-process gloo all_reduce under torch.distributed.run
 #      in a container without network (skipped for an image that passed it before).
 # Idempotent: re-running only redoes what changed.
@@ -29,6 +30,8 @@
 #   STANDIN_MIRROR       debootstrap mirror   (default: debootstrap's own default)
 #   STANDIN_PIP_ARGS     extra `pip wheel` arguments, e.g. "--index-url https://mirror/simple"
 #   STANDIN_FORCE_WHEELS=1  rebuild the wheel dir from scratch
+#   STANDIN_UNLOCKED=1      resolve without the lock and skip its check (to update pins, then
+#                           `python3 -m scripts.standin_lock write --wheels build/standin/wheels`)
 #   STANDIN_FORCE_BUILD=1   run docker build even when the image's fingerprint matches
 #   STANDIN_FORCE_SMOKE=1   rerun the smoke test on an image that passed it before
 #   STANDIN_KEEP_STAGE=1    keep the first build stage's image (~12 GB) for faster rebuilds
@@ -42,6 +45,7 @@ FINGERPRINT_LABEL=com.container-entry.standin.inputs
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STANDIN_DIR="$REPO_ROOT/docker/standin"
 REQS="$STANDIN_DIR/requirements.txt"
+LOCK="$STANDIN_DIR/constraints.txt"
 CONTEXT_DIR="$REPO_ROOT/build/standin"
 PY_STAGE="$CONTEXT_DIR/python"
 PY_STAMP="$CONTEXT_DIR/.python.stamp"
@@ -74,6 +78,7 @@ sha() { sha256sum | cut -d' ' -f1; }
 command -v docker >/dev/null || die "docker CLI not found"
 docker info >/dev/null 2>&1 || die "docker engine not reachable (is dockerd running?)"
 [ -f "$REQS" ] || die "missing $REQS"
+[ -f "$LOCK" ] || die "missing $LOCK"
 
 # ---------------------------------------------------------------- host Python 3.12
 # The image's /usr/local Python is a copy of a host install tree, and the wheels are built with
@@ -178,7 +183,13 @@ fi
 mkdir -p "$WHEEL_DIR"
 REQS_USED="$CONTEXT_DIR/requirements.txt"
 grep -v -E '^[[:space:]]*(#|$)' "$REQS" > "$REQS_USED" || die "no requirements in $REQS"
-REQ_SUM="$( { sha256sum "$REQS_USED" | cut -d' ' -f1; echo "$PY_VERSION ${STANDIN_PIP_ARGS:-}"; } | sha)"
+LOCK_ARGS=(-c "$LOCK")
+if [ "${STANDIN_UNLOCKED:-0}" = 1 ]; then
+    log "3/5 STANDIN_UNLOCKED=1: resolving without ${LOCK#"$REPO_ROOT"/}"
+    LOCK_ARGS=()
+fi
+REQ_SUM="$( { sha256sum "$REQS_USED" | cut -d' ' -f1; echo "$PY_VERSION ${STANDIN_PIP_ARGS:-}"; \
+    if [ ${#LOCK_ARGS[@]} = 0 ]; then echo unlocked; else sha256sum < "$LOCK"; fi; } | sha)"
 if [ "${STANDIN_FORCE_WHEELS:-0}" = 1 ]; then
     log "3/5 STANDIN_FORCE_WHEELS=1: emptying $WHEEL_DIR"
     rm -f "$WHEEL_DIR"/*.whl "$STAMP"
@@ -194,10 +205,16 @@ else
     # shellcheck disable=SC2086
     run_logged "$LOG_DIR/pip-wheel.log" '^(Saved|Building wheel|ERROR)' \
         "$HOST_PY" -m pip wheel --disable-pip-version-check --progress-bar off \
-        --wheel-dir "$WHEEL_DIR" -r "$REQS_USED" ${STANDIN_PIP_ARGS:-} \
+        --wheel-dir "$WHEEL_DIR" -r "$REQS_USED" "${LOCK_ARGS[@]}" ${STANDIN_PIP_ARGS:-} \
         || die "pip wheel failed (log: $LOG_DIR/pip-wheel.log)"
     echo "$REQ_SUM" > "$STAMP.tmp"
     STAMP_PENDING=1
+fi
+# Every wheel pinned at its version: a fresh clone gets the very wheels, so the very image, that
+# another checkout built (a release in between once made them rebuild it in turn).
+if [ ${#LOCK_ARGS[@]} != 0 ]; then
+    problem="$(cd "$REPO_ROOT" && "$HOST_PY" -m scripts.standin_lock check --wheels "$WHEEL_DIR" --lock "$LOCK" 2>&1)" \
+        || { rm -f "$STAMP" "$STAMP.tmp"; die "$problem"; }
 fi
 TORCH_WHEEL="$(find "$WHEEL_DIR" -maxdepth 1 -name 'torch-*.whl' -printf '%f\n' | head -1)"
 log "3/5 torch wheel: ${TORCH_WHEEL:-<none>}, $(du -sh "$WHEEL_DIR" | cut -f1) of wheels"
@@ -231,6 +248,9 @@ if [ "${STANDIN_FORCE_BUILD:-0}" != 1 ] \
     && [ "$(docker image inspect -f "{{ index .Config.Labels \"$FINGERPRINT_LABEL\" }}" "$IMAGE_TAG" 2>/dev/null)" = "$FINGERPRINT" ]; then
     log "4/5 $IMAGE_TAG is up to date (fingerprint ${FINGERPRINT:0:12}), skipping docker build"
 else
+    # The build's peak (the first stage's ~12 GB image beside the new 8 GB one) is known to be
+    # coming only here, where the fingerprint differs: one line now, not ENOSPC minutes later.
+    problem="$(cd "$REPO_ROOT" && "$HOST_PY" -m scripts.disk_space --for standin-image 2>&1)" || die "$problem"
     log "4/5 docker build $IMAGE_TAG (context ${CONTEXT_DIR#"$REPO_ROOT"/}, $(du -sh "$CONTEXT_DIR" | cut -f1))"
     run_logged "$LOG_DIR/docker-build.log" '^(Step |Successfully|ERROR|The command)|Using cache' \
         docker build --build-arg "STANDIN_BASE=$BASE_IMAGE" --label "$FINGERPRINT_LABEL=$FINGERPRINT" \

@@ -4,10 +4,19 @@ once, instead of `no space left on device` eight minutes into the stand-in's bui
 What the figures come from (this machine, 2026-12-04): building the stand-in from nothing keeps
 build/standin (the staged Python and the wheels, 4.1 GB) and the image (8.0 GB), and holds its
 first build stage (about 12 GB) until the second is done; the tests' and the demo's images are
-layers on the stand-in (tens of MB each), the SDK test venvs 1.0 GB, .venv about 1 GB. Once the
-stand-in exists, a run needs only those last few GB.
+layers on the stand-in (tens of MB each), the SDK test venvs 1.0 GB, .venv about 1 GB.
 
-    python3 -m scripts.disk_space [--for demo|test|standin] [--repo DIR] [--docker-root DIR]
+What a run still has to build decides what it needs, so the stand-in's state counts:
+- built here (build/logs/smoke.ok names the image): only the run's own few GB;
+- the image exists but this checkout has not staged it (a fresh clone beside another
+  checkout's image): the 4 GB of wheels again. The lock (docker/standin/constraints.txt)
+  gives it the same wheels, so the same image: scripts/build-standin.sh reuses it, and checks
+  `--for standin-image` itself just before a docker build where the fingerprint differs;
+- no image: the whole build as well.
+Counting a fresh clone as "no image" asked CI for 26 GiB where it needed 9, and failed it.
+
+    python3 -m scripts.disk_space [--for demo|test|standin|standin-image] [--repo DIR]
+        [--docker-root DIR]
 
 Stdlib only: it runs before the venv exists.
 """
@@ -15,6 +24,7 @@ Stdlib only: it runs before the venv exists.
 from __future__ import annotations
 
 import argparse
+import enum
 import os
 import shutil
 import subprocess
@@ -33,13 +43,39 @@ class Need:
     repo: float
     docker: float
 
+    def __add__(self, other: Need) -> Need:
+        return Need(repo=self.repo + other.repo, docker=self.docker + other.docker)
 
-# the stand-in built already / built by this run
-NEEDS = {
-    "standin": (Need(repo=1, docker=1), Need(repo=5, docker=21)),
-    "demo": (Need(repo=2, docker=2), Need(repo=6, docker=22)),
-    "test": (Need(repo=3, docker=4), Need(repo=7, docker=24)),
+
+class Standin(enum.Enum):
+    """How much of the stand-in a run still has to make."""
+
+    BUILT_HERE = "built here"
+    IMAGE_ONLY = "image only"  # stage the wheels again (the lock makes them the image's)
+    ABSENT = "absent"  # stage and build
+
+
+STAGE = Need(repo=4, docker=0)  # build/standin: the Python tree and the wheels
+IMAGE_BUILD = Need(repo=0, docker=20)  # the first stage beside the new image, at the peak
+# what each make target needs once the stand-in is there
+AFTER = {
+    "standin": Need(repo=1, docker=1),
+    "demo": Need(repo=2, docker=2),
+    "test": Need(repo=3, docker=4),
 }
+TARGETS = (*AFTER, "standin-image")
+
+
+def need(target: str, standin: Standin) -> Need:
+    """The GiB `target` needs with the stand-in in this state."""
+    if target == "standin-image":  # asked by build-standin.sh, wheels staged, build coming
+        return IMAGE_BUILD
+    total = AFTER[target]
+    if standin is not Standin.BUILT_HERE:
+        total += STAGE
+    if standin is Standin.ABSENT:
+        total += IMAGE_BUILD
+    return total
 
 
 def docker_root() -> Path:
@@ -57,11 +93,10 @@ def docker_root() -> Path:
     return Path(shown or "/var/lib/docker")
 
 
-def standin_built(repo: Path, image: str = STANDIN) -> bool:
-    """The stand-in exists and this checkout built or checked it: its smoke test's record
+def standin_state(repo: Path, image: str = STANDIN) -> Standin:
+    """BUILT_HERE where this checkout built or checked the image: its smoke test's record
     (build/logs/smoke.ok, written by scripts/build-standin.sh: "<image id> <test's sum>")
-    names the image. A fresh clone beside an image of another checkout restages 4 GB of
-    wheels and may rebuild the image, so it needs the full figure."""
+    names it. IMAGE_ONLY where the image exists without that record (a fresh clone)."""
     try:
         shown = subprocess.run(
             ["docker", "image", "inspect", "-f", "{{.Id}}", image],
@@ -71,12 +106,14 @@ def standin_built(repo: Path, image: str = STANDIN) -> bool:
             check=False,
         )
     except (OSError, subprocess.SubprocessError):
-        return False
+        return Standin.ABSENT
+    if shown.returncode != 0 or not shown.stdout.strip():
+        return Standin.ABSENT
     try:
         record = (repo / "build" / "logs" / "smoke.ok").read_text().split()
-    except OSError:
-        return False
-    return shown.returncode == 0 and record[:1] == [shown.stdout.strip()]
+    except (OSError, UnicodeDecodeError):
+        return Standin.IMAGE_ONLY
+    return Standin.BUILT_HERE if record[:1] == [shown.stdout.strip()] else Standin.IMAGE_ONLY
 
 
 def existing(path: Path) -> Path:
@@ -99,8 +136,9 @@ def shortfall(target: str, need: Need, repo: Path, docker: Path) -> str | None:
         free = shutil.disk_usage(paths[0]).free / GIB
         if free < gib:
             where = " and ".join(str(p) for p in dict.fromkeys(paths))
+            what = "the stand-in's docker build" if target == "standin-image" else f"make {target}"
             return (
-                f"[disk] make {target} needs about {gib:.0f} GiB free on the filesystem of "
+                f"[disk] {what} needs about {gib:.0f} GiB free on the filesystem of "
                 f"{where}; {free:.1f} GiB is free (free some: `docker system prune`, or remove "
                 f"build/)"
             )
@@ -109,18 +147,17 @@ def shortfall(target: str, need: Need, repo: Path, docker: Path) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--for", dest="target", choices=sorted(NEEDS), default="test")
+    parser.add_argument("--for", dest="target", choices=TARGETS, default="test")
     parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parent.parent)
     parser.add_argument("--docker-root", type=Path, default=None)
     parser.add_argument(
         "--need-gib", type=float, default=None, help="override: GiB on each folder (tests)"
     )
     args = parser.parse_args(argv)
-    built, fresh = NEEDS[args.target]
-    need = built if standin_built(args.repo) else fresh
+    wanted = need(args.target, standin_state(args.repo))
     if args.need_gib is not None:
-        need = Need(repo=args.need_gib, docker=args.need_gib)
-    problem = shortfall(args.target, need, args.repo, args.docker_root or docker_root())
+        wanted = Need(repo=args.need_gib, docker=args.need_gib)
+    problem = shortfall(args.target, wanted, args.repo, args.docker_root or docker_root())
     if problem:
         print(problem, file=sys.stderr)
         return 1

@@ -262,17 +262,21 @@ def test_the_disk_check_counts_the_stand_in_as_built_only_where_this_checkout_bu
     standin, tmp_path
 ):
     """`make test` and `make demo` check free disk first (scripts/disk_space.py); a fresh
-    clone beside a stand-in image built by another checkout stages 4 GB of wheels again and
-    may rebuild the image, so it must ask for the full figure, not the built one."""
-    from scripts.disk_space import standin_built
+    clone beside a stand-in image built by another checkout stages 4 GB of wheels again
+    (the lock gives it the same image), so it asks for those, not for the built figure and
+    not for a whole build."""
+    from scripts.disk_space import Standin, standin_state
 
-    assert standin_built(REPO, standin)  # the fixture ran scripts/build-standin.sh here
-    assert not standin_built(tmp_path, standin)  # a fresh clone: no record
+    assert standin_state(REPO, standin) is Standin.BUILT_HERE  # the fixture built it here
+    assert standin_state(tmp_path, standin) is Standin.IMAGE_ONLY  # a fresh clone: no record
     record = tmp_path / "build" / "logs" / "smoke.ok"
     record.parent.mkdir(parents=True)
     for text in ("", "\n", "sha256:" + "0" * 64 + " sum\n", "\x00\xff garbage"):
         record.write_text(text, errors="surrogateescape")
-        assert not standin_built(tmp_path, standin), repr(text)
+        assert standin_state(tmp_path, standin) is Standin.IMAGE_ONLY, repr(text)
+    record.write_bytes(b"\xff\xfe not utf-8")
+    assert standin_state(tmp_path, standin) is Standin.IMAGE_ONLY
     record.write_bytes((REPO / "build" / "logs" / "smoke.ok").read_bytes())
-    assert standin_built(tmp_path, standin)
-    assert not standin_built(tmp_path, "container-entry/no-such-image:none")
+    assert standin_state(tmp_path, standin) is Standin.BUILT_HERE
+    missing = "container-entry/no-such-image:none"
+    assert standin_state(tmp_path, missing) is Standin.ABSENT

@@ -7,7 +7,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scripts.disk_space import GIB, Need, existing, shortfall, standin_built
+from scripts.disk_space import (
+    AFTER,
+    GIB,
+    TARGETS,
+    Need,
+    Standin,
+    existing,
+    need,
+    shortfall,
+    standin_state,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -62,9 +72,42 @@ def test_folders_on_two_filesystems_each_need_their_own_share(tmp_path):
     assert problem is not None and "/dev/shm" in problem and str(tmp_path) not in problem
 
 
-def test_without_its_smoke_record_the_stand_in_counts_as_not_built(tmp_path):
-    """No docker needed: a checkout with no build/logs/smoke.ok (a fresh clone) or one that
-    cannot be read asks for the full figure (the docker tests check the image side)."""
-    assert not standin_built(tmp_path)
+def test_without_its_smoke_record_the_stand_in_is_never_counted_as_built_here(tmp_path):
+    """A checkout with no build/logs/smoke.ok (a fresh clone) or one that cannot be read
+    stages the wheels again; an image that does not exist is built (the docker tests check
+    the side where the image exists)."""
+    missing = "container-entry/no-such-image:none"
+    assert standin_state(tmp_path, missing) is Standin.ABSENT
     (tmp_path / "build" / "logs" / "smoke.ok").mkdir(parents=True)  # a folder: unreadable
-    assert not standin_built(tmp_path)
+    assert standin_state(tmp_path, missing) is Standin.ABSENT
+
+
+def _total(wanted: Need) -> float:
+    return wanted.repo + wanted.docker
+
+
+def test_a_run_needs_what_it_still_has_to_build_and_no_more():
+    """Stop 33's CI: a fresh clone beside the up-to-date stand-in image was asked for the
+    whole build (26 GiB) with 19.7 GiB free, where it needed the wheels staged again and its
+    own images; it failed before running a test."""
+    for target in AFTER:
+        here, image_only, absent = (need(target, state) for state in Standin)
+        assert _total(here) < _total(image_only) < _total(absent), target
+        assert image_only.docker == here.docker, target  # no image build counted
+        assert image_only.repo - here.repo >= 4, target  # 4.1 GB of wheels and the Python tree
+        assert absent.docker - here.docker >= 20, target  # a 12 GB stage beside an 8 GB image
+    assert _total(need("test", Standin.IMAGE_ONLY)) < 19.7  # what stop 33's CI had free
+    # the build's own check (scripts/build-standin.sh, just before docker build) asks for
+    # the build's peak whatever state it started from
+    assert {need("standin-image", state) for state in Standin} == {Need(repo=0, docker=20)}
+    assert set(TARGETS) == {*AFTER, "standin-image"}
+
+
+def test_the_stand_in_builds_own_line_names_the_build_not_a_make_target(tmp_path):
+    result = _disk_space(
+        *("--for", "standin-image", "--need-gib", "1000000"),
+        *("--repo", str(tmp_path), "--docker-root", str(tmp_path)),
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith("[disk] the stand-in's docker build needs about 2000000 GiB")
+    assert len(result.stderr.splitlines()) == 1, result.stderr
