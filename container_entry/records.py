@@ -110,6 +110,7 @@ class Command:
     console_ranks: tuple[int, ...] | None = None  # shown on the console; None: all
     secrets: tuple[str, ...] = ()
     console_stderr: str | None = None  # the bootstrap's stderr as a worker can open it
+    group_teardown_seconds: float = 0.0  # GROUP_TEARDOWN_TIMEOUT: the script's exit; 0: off
 
     def write(self, path: Path) -> None:
         """Readable by this user only: the command line holds the hyperparameters."""
@@ -133,6 +134,7 @@ class Command:
                 console_ranks=_ranks(data.get("console_ranks")),
                 secrets=tuple(map(str, data.get("secrets") or ())),
                 console_stderr=data.get("console_stderr"),
+                group_teardown_seconds=float(data.get("group_teardown_seconds") or 0.0),
             )
         except TypeError as error:  # a field of the wrong kind (a number for a list)
             raise ValueError(f"{path}: not a command ({error})") from None

@@ -136,6 +136,12 @@ class Settings:
     console_ranks: str = _setting(
         "all", _ranks, "ranks whose lines reach stdout: `all` or e.g. `0`"
     )
+    group_teardown_timeout: float = _setting(
+        10.0,
+        _seconds_or_off,
+        "seconds a rank's exit waits for its process groups' teardown (`destroy_process_group`, "
+        "which HF Trainer scripts leave to exit, where torch may abort); `0`: off",
+    )
     install_requirements: bool = _setting(
         True, _bool, "pip install `requirements.txt` from the code directory"
     )

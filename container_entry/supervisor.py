@@ -95,6 +95,7 @@ class Supervisor:
             console_ranks=knobs.shown_ranks(self.settings.console_ranks),
             secrets=tuple(self.plan.secrets),
             console_stderr=self.output.worker_stderr(),
+            group_teardown_seconds=self.settings.group_teardown_timeout,
         ).write(self.control.command)
         self.stop.raising = False
         timeout = self.settings.hang_timeout  # None: auto, which watches several hosts only

@@ -75,6 +75,8 @@ PEERS_DUMP_SECONDS = 2.0  # a dump thread answers in milliseconds; bounded for o
 STACKS_SECONDS = 0.5  # for faulthandler's stacks of this host's other ranks
 STACKS_ENV = "_CONTAINER_ENTRY_STACKS"  # read by _site/sitecustomize.py in the script's Python
 SITE_DIR = str(Path(__file__).resolve().parent / "_site")
+# how long the script's exit may wait for its process groups' teardown (_site/sitecustomize.py)
+END_GROUPS_ENV = "_CONTAINER_ENTRY_END_GROUPS"
 RUNNER = str(Path(__file__).resolve().parent / "preflight_then_script.py")  # run by path
 
 
@@ -193,12 +195,16 @@ class Wrapper:
     def _environment(self) -> dict[str, str]:
         """What the children get: this process's environment, faulthandler on (a segfault
         prints the Python stacks), stacks on demand (SIGUSR2) for the teardown report and
-        `container-entry stacks`, flight-recorder dumps on request; not the control folder."""
+        `container-entry stacks`, flight-recorder dumps on request, the process groups ended
+        at exit (GROUP_TEARDOWN_TIMEOUT); not the control folder."""
         env = dict(os.environ)
         env.setdefault("PYTHONFAULTHANDLER", "1")
         # our sitecustomize first on PYTHONPATH (the folder holds nothing else), so one of the
         # user's own cannot hide it; ours then runs theirs
         env[STACKS_ENV] = str(self.run_dir.stack(self.rank))
+        env.pop(END_GROUPS_ENV, None)
+        if self.command.group_teardown_seconds > 0:
+            env[END_GROUPS_ENV] = f"{self.command.group_teardown_seconds:g}"
         env["PYTHONPATH"] = os.pathsep.join(p for p in (SITE_DIR, env.get("PYTHONPATH")) if p)
         with contextlib.suppress(OSError):  # a full disk: no flight-recorder dump for this rank
             env.update(flight_recorder.listen(self.control, self.run_dir, self.rank))

@@ -139,7 +139,9 @@ def check_hf(ctx: Context) -> str:
 
 
 # torch, at the exit of a Python whose process group was never destroyed, sometimes aborts
-# (a native thread still joinable at shutdown: seen on CPU with torch 2.15 under load, run 27)
+# (seen on CPU with torch 2.15, run 27: Python ends gloo's worker threads mid-C++ at
+# finalization). The ranks' exit teardown (GROUP_TEARDOWN_TIMEOUT) destroys the groups first;
+# a teardown that runs over its timeout leaves the exit to torch as before.
 EXIT_ABORT = "terminate called without an active exception"
 
 

@@ -6,6 +6,14 @@ PYTHONPATH), with no change to the user's script:
 - a flight-recorder dump at a death by exception (a collective that timed out raises in the
   rank: its records say which collective it waited in; a rank that exits or is killed is not
   asked then), written at exit beside the requested ones;
+- the script's process groups ended at its exit, after its own exit handlers and the dump
+  above, bounded (`worker.END_GROUPS_SECONDS`): torch documents that a program should call
+  `destroy_process_group` before it exits, and HF Trainer scripts do not. Left to the
+  interpreter's finalization, torch 2.15's gloo worker threads (`pt_gloo_runloop`) were killed
+  there by Python (a thread taking the GIL then exits by forced unwinding) inside C++ that
+  cannot unwind: "terminate called without an active exception", SIGABRT, a finished job
+  failed, in about one run in two of a two-rank script (NCCL's watchdog and heartbeat
+  threads are ended there too);
 - a flight-recorder dump on request: a daemon thread blocked on the rank's request FIFO (it costs
   nothing until asked) writes torch's collective records as JSON, atomically, when the launcher
   writes a byte there. A thread, not a signal handler: a rank that hangs sits in a collective's
@@ -93,6 +101,54 @@ def _dump_at_death(target: str) -> None:
     if getattr(sys, "last_value", None) is not None and "torch.distributed" in sys.modules:
         _write_dump(target)
 
+
+def _end_groups_at_exit(wait: float) -> None:
+    """destroy_process_group at this process's exit, from a thread started now (Python 3.12
+    refuses new threads once its shutdown began) so that a teardown stuck on a peer or a
+    pending collective holds the exit `wait` seconds at most, and says so."""
+    import atexit
+    import threading
+
+    asked, done, pid = threading.Event(), threading.Event(), os.getpid()
+
+    def end() -> None:
+        asked.wait()
+        try:
+            sys.modules["torch.distributed"].destroy_process_group()
+        except Exception as error:  # the exit goes on as it would have without us
+            sys.stderr.write(
+                f"[container-entry] ending the process groups at exit: "
+                f"{type(error).__name__}: {error}\n"
+            )
+        finally:
+            done.set()
+
+    def at_exit() -> None:
+        if os.getpid() != pid:  # a forked child (no such thread here); the groups are not its
+            return
+        dist = sys.modules.get("torch.distributed")
+        try:
+            if dist is None or not dist.is_available() or not dist.is_initialized():
+                return
+        except Exception:
+            return
+        asked.set()
+        if not done.wait(wait):
+            sys.stderr.write(
+                f"[container-entry] the process groups' teardown at exit took over {wait:g} s;"
+                f" exiting without it\n"
+            )
+
+    threading.Thread(target=end, daemon=True, name="container-entry-end-groups").start()
+    atexit.register(at_exit)  # first registered, last run: after the script's own and the dump
+
+
+try:
+    _end_wait = float(os.environ.pop("_CONTAINER_ENTRY_END_GROUPS", ""))
+except ValueError:
+    _end_wait = 0.0
+if _end_wait > 0:
+    _end_groups_at_exit(_end_wait)
 
 _request = os.environ.pop("_CONTAINER_ENTRY_DUMP_REQUEST", "")
 _target = os.environ.pop("_CONTAINER_ENTRY_DUMP_FILE", "")

@@ -81,6 +81,7 @@ def test_the_command_file_round_trips_is_private_and_says_which_ranks_show(tmp_p
         console_ranks=(0, 2),
         secrets=("s3cret",),
         console_stderr="/proc/1/fd/2",
+        group_teardown_seconds=2.5,
     )
     path = tmp_path / "command.json"
     command.write(path)

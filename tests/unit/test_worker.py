@@ -54,5 +54,10 @@ def test_the_stop_file_is_a_sigterm_for_a_wrapper_torchrun_starts_after_the_stop
 
 def test_the_site_hook_reads_the_variables_the_wrapper_sets():
     site = (Path(worker.SITE_DIR) / "sitecustomize.py").read_text()
-    for name in (worker.STACKS_ENV, flight_recorder.REQUEST_ENV, flight_recorder.FILE_ENV):
+    for name in (
+        worker.STACKS_ENV,
+        worker.END_GROUPS_ENV,
+        flight_recorder.REQUEST_ENV,
+        flight_recorder.FILE_ENV,
+    ):
         assert f'os.environ.pop("{name}"' in site

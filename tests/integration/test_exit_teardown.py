@@ -1,0 +1,87 @@
+"""The script's process groups are destroyed at its exit (_site/sitecustomize.py), through the
+real bootstrap, torchrun and worker wrapper, with the installed torch (2.15 here: left to
+Python's finalization, its gloo worker threads aborted the process in about one run in two
+of a plain two-rank script, `terminate called without an active exception`, and once failed
+the restart test's finished job). A destroy_process_group wrapped by the script (exit_probe.py)
+says when it was called, by which process, and what had run by then."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from container_entry.layout import RunDir
+from tests.integration.conftest import REPO, bootstrap_argv, bootstrap_env, make_tree, run
+
+PROBE = REPO / "tests" / "scripts" / "exit_probe.py"
+ABORT = "terminate called without an active exception"
+
+
+def _job(tmp_path, how: str, ranks: int, **env: str):
+    tree = make_tree(tmp_path, script=PROBE)
+    out = tmp_path / "calls"
+    out.mkdir()
+    hyperparameters = {
+        "how": how,
+        "out": str(out),
+        "death-dump": str(RunDir.of(tree.base).death_dump(0)),
+    }
+    (tree.base / "input/config/hyperparameters.json").write_text(json.dumps(hyperparameters))
+    began = time.monotonic()
+    done = run(
+        bootstrap_argv(),
+        bootstrap_env(tree, SAGEMAKER_PROGRAM=PROBE.name, PET_NPROC_PER_NODE=str(ranks), **env),
+    )
+    calls = {path.name: json.loads(path.read_text()) for path in sorted(out.glob("*.json"))}
+    return tree, done, calls, time.monotonic() - began
+
+
+@pytest.mark.parametrize(
+    ("how", "ranks", "code", "first"),
+    [
+        ("return", 4, 0, None),
+        ("exit0", 1, 0, None),
+        ("fork", 1, 0, None),
+        ("exit3", 1, 3, "rank 0 (local 0) on algo-1: exit code 3"),
+        ("raise", 1, 1, "rank 0 (local 0) on algo-1: exit code 1: ValueError: planted at the end"),
+    ],
+)
+def test_every_way_a_script_exits_ends_its_groups_once_after_its_own_exit_handlers(
+    tmp_path, how, ranks, code, first
+):
+    tree, done, calls, _ = _job(tmp_path, how, ranks)
+    output = done.stdout + done.stderr
+    assert done.returncode == code, output[-3000:]
+    assert ABORT not in output
+    # once per rank, by the rank itself (a forked child's exit never ends its parent's groups)
+    assert sorted(calls) == sorted(
+        f"calls-rank-{rank}-{call['pid']}.json" for rank, call in enumerate(calls.values())
+    )
+    assert len(calls) == ranks, calls
+    for call in calls.values():
+        assert call["initialized_before"] and call["initialized_after"] is False, call
+        assert call["handler_sum"] == ranks, call  # its own handler ran first, with the group
+        assert call["death_dump_existed"] is (how == "raise"), call  # the dump came first
+    if first is None:
+        assert not (tree.output / "failure").exists()
+    else:
+        assert (tree.output / "failure").read_text().startswith(first)
+
+
+def test_a_teardown_that_never_returns_holds_the_exit_only_its_timeout_and_says_so(tmp_path):
+    _, done, calls, took = _job(tmp_path, "stuck", 1, CONTAINER_ENTRY_GROUP_TEARDOWN_TIMEOUT="1")
+    output = done.stdout + done.stderr
+    assert "the process groups' teardown at exit took over 1 s; exiting without it" in output
+    assert len(calls) == 1 and "initialized_after" not in next(iter(calls.values()))
+    assert took < 60, took  # not the hour the teardown sleeps
+    # the exit then goes on as it would have without the teardown: torch may abort in it
+    assert done.returncode == 0 or (done.returncode == 134 and ABORT in output), output[-3000:]
+
+
+def test_a_timeout_of_0_leaves_the_groups_to_the_script_as_before(tmp_path):
+    _, done, calls, _ = _job(tmp_path, "exit0", 1, CONTAINER_ENTRY_GROUP_TEARDOWN_TIMEOUT="0")
+    output = done.stdout + done.stderr
+    assert calls == {}
+    assert done.returncode == 0 or (done.returncode == 134 and ABORT in output), output[-3000:]

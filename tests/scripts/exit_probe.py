@@ -1,0 +1,86 @@
+"""A rank that leaves its process groups to its exit, as HF Trainer scripts do, and records
+what the exit teardown did (tests/integration/test_exit_teardown.py).
+
+    exit_probe.py --how HOW --out OUT [--death-dump PATH]  (hyperparameters, as SageMaker
+                                                            passes them)
+
+HOW: `return` (falls off the end), `exit0`, `exit3` (sys.exit), `raise` (an uncaught
+exception), `stuck` (the teardown never returns: a peer or a pending collective it waits
+for), `fork` (a child forked after init exits through Python, so through the exit handlers
+it inherited). torch.distributed.destroy_process_group is wrapped to write
+OUT/calls-rank-<RANK>-<pid>.json when it is called: by whom, whether the script's own exit
+handler had run with the group still there, whether the death dump existed by then.
+"""
+
+import argparse
+import atexit
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--how", required=True)
+parser.add_argument("--out", type=Path, required=True)
+parser.add_argument("--death-dump", type=Path, default=None)
+args = parser.parse_args()
+how, out, death_dump = args.how, args.out, args.death_dump
+rank = int(os.environ["RANK"])
+state: dict = {"handler_sum": None}
+real_destroy = dist.destroy_process_group
+
+
+def recording_destroy(*args, **kwargs):
+    call = {
+        "pid": os.getpid(),
+        "handler_sum": state["handler_sum"],
+        "death_dump_existed": bool(death_dump and death_dump.exists()),
+        "initialized_before": dist.is_initialized(),
+    }
+    path = out / f"calls-rank-{rank}-{os.getpid()}.json"
+    path.write_text(json.dumps(call))
+    if how == "stuck":
+        time.sleep(3600)
+    real_destroy(*args, **kwargs)
+    call["initialized_after"] = dist.is_initialized()
+    path.write_text(json.dumps(call))
+
+
+dist.destroy_process_group = recording_destroy
+dist.init_process_group("gloo")
+tensor = torch.ones(8)
+for _ in range(5):
+    dist.all_reduce(tensor)
+
+
+main_pid = os.getpid()
+
+
+def own_exit_handler():
+    """The script's own: registered after the wrapper's, so run before it; needs the group."""
+    if os.getpid() != main_pid:  # a forked child's exit: not a rank of the group
+        return
+    total = torch.ones(1)
+    dist.all_reduce(total)
+    state["handler_sum"] = total.item()
+
+
+atexit.register(own_exit_handler)
+print(f"rank {rank} trained", flush=True)
+
+if how == "fork":
+    child = os.fork()
+    if child == 0:
+        sys.exit(0)  # through Python's exit, so through the handlers it inherited
+    os.waitpid(child, 0)
+    dist.all_reduce(tensor)  # the group still works after the child's exit
+elif how == "exit0":
+    sys.exit(0)
+elif how == "exit3":
+    sys.exit(3)
+elif how == "raise":
+    raise ValueError("planted at the end")
