@@ -287,14 +287,14 @@ class Job:
         This host posts its own earliest failure, unless it ended after another host's was
         heard of (then it is likely a consequence), and writes what the master decided."""
         member = self.member
+        own = [r for r in run.results.values() if r.failed_on_its_own]
         if member is None or member.lost_master:
-            return ending
+            return self._earliest_of_this_host(ending, own)
         if ending.kind not in (Kind.FAILED, Kind.PEER_FAILED):
             # a hang or a stop: its verdict (posted later) has no start to order it by, so it
             # never takes the place of a decided failure; the others need not wait for it
             member.settle()
             return ending
-        own = [r for r in run.results.values() if r.failed and not r.stop_signal]
         if own:
             earliest = min(own, key=lambda r: r.began or float("inf"))
             member.post_failure(summarized(earliest, self.plan.max_restarts))
@@ -304,6 +304,20 @@ class Job:
             return ending
         mine = first.host == self.plan.topology.current_host and first.rank in run.results
         return Ending(Kind.FAILED if mine else Kind.PEER_FAILED, first)
+
+    @staticmethod
+    def _earliest_of_this_host(ending: Ending, own: list[RankRecord]) -> Ending:
+        """One host: the failure decided at the first look is the first record to arrive; a
+        rank whose failure began earlier may end later (its exit teardown outlasts its peers'
+        errors about it), so the earliest to begin among every record, once all are in."""
+        if ending.kind is not Kind.FAILED or ending.record is None or not own:
+            return ending
+        earliest = min(own, key=lambda r: r.began or float("inf"))
+        if earliest.rank == ending.record.rank or (earliest.began or 0) >= (
+            ending.record.began or float("inf")
+        ):
+            return ending  # keeps what the first look added (a CUDA OOM's memory holders)
+        return Ending(Kind.FAILED, earliest)
 
     def _explain(self, ending: Ending) -> Ending:
         """A hang's first line, or a collective timeout's, names its culprit where the ranks'

@@ -167,6 +167,10 @@ class ControlDir:
     def pid_file(self, rank: int) -> Path:
         return self.path / f"rank-{rank}.pid"
 
+    def exiting(self, rank: int) -> Path:
+        """When the rank's script began its exit teardown (_site/sitecustomize.py)."""
+        return self.path / f"rank-{rank}.exiting"
+
     def pid_files(self) -> list[Path]:
         return sorted(self.path.glob("rank-*.pid"))
 

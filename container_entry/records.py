@@ -58,9 +58,9 @@ class RankRecord:
     stop_signal: str | None = None  # a stop the wrapper saw before the script ended
     stop_requested_at: float | None = None
     started_at: float | None = None
-    # when the failure began, as its wrapper saw it: the start of the script's last traceback
-    # (printed before the interpreter's exit closes the rank's sockets, so a peer's error about
-    # them begins later even when that peer exits first); None: no traceback, see ended_at
+    # when the failure began, as its wrapper saw it: the start of the script's last traceback,
+    # else of its exit teardown (both come before the rank's sockets close, so a peer's error
+    # about them begins later even when that peer exits first); None: neither, see ended_at
     failed_at: float | None = None
     ended_at: float | None = None
     stderr_tail: list[str] = field(default_factory=list)
@@ -76,6 +76,22 @@ class RankRecord:
     @property
     def failed(self) -> bool:
         return bool(self.returncode)
+
+    @property
+    def failed_on_its_own(self) -> bool:
+        """Failed, and not as a stop's consequence: no stop reached it, or its failure began
+        (its traceback, its exit teardown) before the stop did. A rank that exits with an
+        error closes its sockets in its exit teardown, its peers fail on them at once, and the
+        launcher's stop then reaches it still exiting."""
+        if not self.failed:
+            return False
+        if not self.stop_signal:
+            return True
+        return (
+            self.failed_at is not None
+            and self.stop_requested_at is not None
+            and self.failed_at < self.stop_requested_at
+        )
 
     @property
     def began(self) -> float | None:

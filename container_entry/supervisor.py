@@ -162,7 +162,7 @@ class Supervisor:
     def seen(self, *, exited: bool) -> Seen:
         """What this look shows, for `decide`."""
         member = self.member
-        failures = [r for r in self.observed.results.values() if r.failed and not r.stop_signal]
+        failures = [r for r in self.observed.results.values() if r.failed_on_its_own]
         lost = member.master if member and member.lost_master else None
         relayed = member.abort if member and member.aborted.is_set() else None
         alone = self.activity is not None and member is None  # one host: its own watchdog

@@ -44,6 +44,7 @@ if __name__ == "__main__":  # the rank's wrapper: a stop is noted from its first
     catch_together(lambda signum, _: _EARLY.setdefault(signum, time.time()))
 
 import contextlib
+import math
 import os
 import subprocess
 import sys
@@ -75,8 +76,10 @@ PEERS_DUMP_SECONDS = 2.0  # a dump thread answers in milliseconds; bounded for o
 STACKS_SECONDS = 0.5  # for faulthandler's stacks of this host's other ranks
 STACKS_ENV = "_CONTAINER_ENTRY_STACKS"  # read by _site/sitecustomize.py in the script's Python
 SITE_DIR = str(Path(__file__).resolve().parent / "_site")
-# how long the script's exit may wait for its process groups' teardown (_site/sitecustomize.py)
+# how long the script's exit may wait for its process groups' teardown (_site/sitecustomize.py),
+# and the file where it notes when it began (the rank's sockets close then, not at its end)
 END_GROUPS_ENV = "_CONTAINER_ENTRY_END_GROUPS"
+EXITING_ENV = "_CONTAINER_ENTRY_EXITING"
 RUNNER = str(Path(__file__).resolve().parent / "preflight_then_script.py")  # run by path
 
 
@@ -149,6 +152,16 @@ class Stop:
         return signal_number(self.name or "SIGTERM") or signal.SIGTERM
 
 
+def _exiting_at(path: Path) -> float | None:
+    """When the script began its exit teardown, which closes its sockets before its process
+    ends: a failure without a traceback (sys.exit(3)) began then, before its peers' errors."""
+    try:
+        at = float(path.read_text(encoding="ascii"))
+    except (OSError, ValueError):
+        return None
+    return at if math.isfinite(at) else None
+
+
 class Ended:
     """How a child in the rank's slot ended: its status, why it never started (an exec failure),
     the last lines of its stderr, and the stage ("preflight": the preflight failed)."""
@@ -203,8 +216,10 @@ class Wrapper:
         # user's own cannot hide it; ours then runs theirs
         env[STACKS_ENV] = str(self.run_dir.stack(self.rank))
         env.pop(END_GROUPS_ENV, None)
+        env.pop(EXITING_ENV, None)
         if self.command.group_teardown_seconds > 0:
             env[END_GROUPS_ENV] = f"{self.command.group_teardown_seconds:g}"
+            env[EXITING_ENV] = str(self.control.exiting(self.rank))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (SITE_DIR, env.get("PYTHONPATH")) if p)
         with contextlib.suppress(OSError):  # a full disk: no flight-recorder dump for this rank
             env.update(flight_recorder.listen(self.control, self.run_dir, self.rank))
@@ -283,6 +298,9 @@ class Wrapper:
         be in this process group) is passed on to it."""
         if self.stop.requested(self.control):
             return Ended(128 + self.stop.signum)
+        exiting = self.control.exiting(self.rank)
+        with contextlib.suppress(OSError):
+            exiting.unlink()  # a restart's rank's, or the preflight's before the script
         try:
             child = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env, cwd=os.getcwd()
@@ -308,7 +326,8 @@ class Wrapper:
         assert child.stdout is not None and child.stderr is not None
         streams = [child.stdout.fileno(), child.stderr.fileno()]
         status = relay(child, list(zip(streams, relays, strict=True)))
-        return Ended(status, None, relays[1].tail_lines(), relays[1].traceback_at)
+        began = [at for at in (relays[1].traceback_at, _exiting_at(exiting)) if at is not None]
+        return Ended(status, None, relays[1].tail_lines(), min(began, default=None))
 
     def save(self, ended: Ended) -> None:
         """The rank's record, for the bootstrap's monitor and failure file; said on the

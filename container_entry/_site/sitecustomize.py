@@ -25,6 +25,7 @@ Chains to the next sitecustomize on sys.path, if the image has one. The variable
 so a Python the script starts does not take them over.
 """
 
+import contextlib
 import faulthandler
 import importlib.machinery
 import importlib.util
@@ -102,12 +103,13 @@ def _dump_at_death(target: str) -> None:
         _write_dump(target)
 
 
-def _end_groups_at_exit(wait: float) -> None:
+def _end_groups_at_exit(wait: float, marks: str) -> None:
     """destroy_process_group at this process's exit, from a thread started now (Python 3.12
     refuses new threads once its shutdown began) so that a teardown stuck on a peer or a
     pending collective holds the exit `wait` seconds at most, and says so."""
     import atexit
     import threading
+    import time
 
     asked, done, pid = threading.Event(), threading.Event(), os.getpid()
 
@@ -132,6 +134,16 @@ def _end_groups_at_exit(wait: float) -> None:
                 return
         except Exception:
             return
+        # The script has ended: a stop now (the launcher's, after a peer failed on the
+        # sockets this closes) must not turn its exit status into a signal, and waits at most
+        # `wait` s; the launcher's SIGKILL still ends it.
+        for name in ("SIGTERM", "SIGINT", "SIGHUP"):
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
+        if marks:  # the sockets close from here on, before the process ends: the rank's
+            # wrapper times a failure that printed no traceback by this (worker.py)
+            with contextlib.suppress(OSError), open(marks, "w", encoding="ascii") as handle:
+                handle.write(repr(time.time()))
         asked.set()
         if not done.wait(wait):
             sys.stderr.write(
@@ -147,8 +159,9 @@ try:
     _end_wait = float(os.environ.pop("_CONTAINER_ENTRY_END_GROUPS", ""))
 except ValueError:
     _end_wait = 0.0
+_exiting = os.environ.pop("_CONTAINER_ENTRY_EXITING", "")
 if _end_wait > 0:
-    _end_groups_at_exit(_end_wait)
+    _end_groups_at_exit(_end_wait, _exiting)
 
 _request = os.environ.pop("_CONTAINER_ENTRY_DUMP_REQUEST", "")
 _target = os.environ.pop("_CONTAINER_ENTRY_DUMP_FILE", "")

@@ -19,7 +19,7 @@ PROBE = REPO / "tests" / "scripts" / "exit_probe.py"
 ABORT = "terminate called without an active exception"
 
 
-def _job(tmp_path, how: str, ranks: int, **env: str):
+def _job(tmp_path, how: str, ranks: int, more: dict[str, str] | None = None, **env: str):
     tree = make_tree(tmp_path, script=PROBE)
     out = tmp_path / "calls"
     out.mkdir()
@@ -27,6 +27,7 @@ def _job(tmp_path, how: str, ranks: int, **env: str):
         "how": how,
         "out": str(out),
         "death-dump": str(RunDir.of(tree.base).death_dump(0)),
+        **(more or {}),
     }
     (tree.base / "input/config/hyperparameters.json").write_text(json.dumps(hyperparameters))
     began = time.monotonic()
@@ -85,3 +86,18 @@ def test_a_timeout_of_0_leaves_the_groups_to_the_script_as_before(tmp_path):
     output = done.stdout + done.stderr
     assert calls == {}
     assert done.returncode == 0 or (done.returncode == 134 and ABORT in output), output[-3000:]
+
+
+def test_a_rank_that_exits_with_an_error_is_the_first_failure_though_its_exit_outlasts_its_peers(
+    tmp_path,
+):
+    """The teardown closes the rank's sockets before its process ends: its peers fail on them
+    ("Connection closed by peer") and their records come first, and the launcher stops the
+    host, this rank in its exit too. The failure began when its exit did (the wrapper reads
+    when the teardown began), and its exit status stays its own."""
+    tree, done, _, _ = _job(tmp_path, "exit3", 2, {"only-rank": "1", "after-teardown": "2"})
+    output = done.stdout + done.stderr
+    assert done.returncode == 3, output[-3000:]
+    failure = (tree.output / "failure").read_text()
+    assert failure.startswith("rank 1 (local 1) on algo-1: exit code 3"), failure[:500]
+    assert "Connection closed by peer" in failure  # rank 0's, as a consequence

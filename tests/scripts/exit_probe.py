@@ -1,8 +1,8 @@
 """A rank that leaves its process groups to its exit, as HF Trainer scripts do, and records
 what the exit teardown did (tests/integration/test_exit_teardown.py).
 
-    exit_probe.py --how HOW --out OUT [--death-dump PATH]  (hyperparameters, as SageMaker
-                                                            passes them)
+    exit_probe.py --how HOW --out OUT [--death-dump PATH] [--only-rank R]
+                  [--after-teardown SECONDS]          (hyperparameters, as SageMaker passes them)
 
 HOW: `return` (falls off the end), `exit0`, `exit3` (sys.exit), `raise` (an uncaught
 exception), `stuck` (the teardown never returns: a peer or a pending collective it waits
@@ -10,6 +10,11 @@ for), `fork` (a child forked after init exits through Python, so through the exi
 it inherited). torch.distributed.destroy_process_group is wrapped to write
 OUT/calls-rank-<RANK>-<pid>.json when it is called: by whom, whether the script's own exit
 handler had run with the group still there, whether the death dump existed by then.
+
+--only-rank R: only rank R ends as HOW; the others go on with collectives until its exit
+breaks them (gloo: "Connection closed by peer"), as a DDP job's other ranks do.
+--after-teardown S: the exit takes S seconds more once the groups are gone (a slow
+finalization: its sockets are closed, its process is not gone).
 """
 
 import argparse
@@ -27,9 +32,12 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--how", required=True)
 parser.add_argument("--out", type=Path, required=True)
 parser.add_argument("--death-dump", type=Path, default=None)
-args = parser.parse_args()
-how, out, death_dump = args.how, args.out, args.death_dump
+parser.add_argument("--only-rank", type=int, default=None)
+parser.add_argument("--after-teardown", type=float, default=0.0)
+given = parser.parse_args()
+how, out, death_dump = given.how, given.out, given.death_dump
 rank = int(os.environ["RANK"])
+bystander = given.only_rank is not None and rank != given.only_rank
 state: dict = {"handler_sum": None}
 real_destroy = dist.destroy_process_group
 
@@ -48,6 +56,8 @@ def recording_destroy(*args, **kwargs):
     real_destroy(*args, **kwargs)
     call["initialized_after"] = dist.is_initialized()
     path.write_text(json.dumps(call))
+    if not bystander:
+        time.sleep(given.after_teardown)
 
 
 dist.destroy_process_group = recording_destroy
@@ -57,6 +67,12 @@ for _ in range(5):
     dist.all_reduce(tensor)
 
 
+if bystander:  # collectives until the rank that ends breaks them
+    for _ in range(600):
+        dist.all_reduce(torch.ones(8))
+        time.sleep(0.05)
+    sys.exit("the other rank never ended")
+
 main_pid = os.getpid()
 
 
@@ -64,9 +80,9 @@ def own_exit_handler():
     """The script's own: registered after the wrapper's, so run before it; needs the group."""
     if os.getpid() != main_pid:  # a forked child's exit: not a rank of the group
         return
-    total = torch.ones(1)
+    total = torch.ones(8)  # the size a bystander's collectives have
     dist.all_reduce(total)
-    state["handler_sum"] = total.item()
+    state["handler_sum"] = total[0].item()
 
 
 atexit.register(own_exit_handler)

@@ -125,3 +125,33 @@ def test_a_pid_file_round_trips_and_a_foreign_one_reads_as_nothing(tmp_path):
     (tmp_path / "other.pid").write_text(json.dumps({"rank": 1, "wrapper": "x", "child": 2}))
     assert WorkerPids.read(tmp_path / "other.pid") is None
     assert WorkerPids.read(tmp_path / "missing.pid") is None
+
+
+@pytest.mark.parametrize(
+    ("returncode", "stop_signal", "failed_at", "stop_requested_at", "own"),
+    [
+        (0, None, None, None, False),  # no failure
+        (0, "SIGTERM", 5.0, 9.0, False),
+        (3, None, None, None, True),  # no stop: its own
+        (1, None, 5.0, None, True),
+        (3, "SIGTERM", 5.0, 9.0, True),  # its exit began before the stop reached it
+        (1, "SIGTERM", 8.999, 9.0, True),
+        (1, "SIGTERM", 9.0, 9.0, False),  # a traceback the stop caused (KeyboardInterrupt)
+        (1, "SIGINT", 9.5, 9.0, False),
+        (-15, "SIGTERM", None, 9.0, False),  # ended by the stop, nothing began before it
+        (3, "SIGTERM", 5.0, None, False),  # a stop of unknown time: not provably before
+    ],
+)
+def test_a_failure_is_a_rank_s_own_unless_a_stop_reached_it_first(
+    returncode, stop_signal, failed_at, stop_requested_at, own
+):
+    record = RankRecord(
+        host="algo-1",
+        rank=1,
+        returncode=returncode,
+        stop_signal=stop_signal,
+        failed_at=failed_at,
+        stop_requested_at=stop_requested_at,
+        ended_at=20.0,
+    )
+    assert record.failed_on_its_own is own

@@ -57,7 +57,29 @@ def test_the_site_hook_reads_the_variables_the_wrapper_sets():
     for name in (
         worker.STACKS_ENV,
         worker.END_GROUPS_ENV,
+        worker.EXITING_ENV,
         flight_recorder.REQUEST_ENV,
         flight_recorder.FILE_ENV,
     ):
         assert f'os.environ.pop("{name}"' in site
+
+
+@pytest.mark.parametrize(
+    ("text", "at"),
+    [
+        ("1796478193.4523375", 1796478193.4523375),
+        ("12", 12.0),
+        ("", None),
+        ("nan", None),
+        ("inf", None),
+        ("-inf", None),
+        ("garbage", None),
+        ("\xff", None),
+        (None, None),  # no teardown began (off, or no process group): no file
+    ],
+)
+def test_when_the_exit_teardown_began_is_read_or_unknown_never_an_error(tmp_path, text, at):
+    path = tmp_path / "rank-0.exiting"
+    if text is not None:
+        path.write_bytes(text.encode("latin-1"))
+    assert worker._exiting_at(path) == at
