@@ -80,15 +80,18 @@ class RankRecord:
     @property
     def failed_on_its_own(self) -> bool:
         """Failed, and not as a stop's consequence: no stop reached it, or its failure began
-        (its traceback, its exit teardown) before the stop did. A rank that exits with an
-        error closes its sockets in its exit teardown, its peers fail on them at once, and the
-        launcher's stop then reaches it still exiting."""
+        (its traceback, its exit teardown) before the stop did and it still exited with a
+        status of its own. A rank that exits with an error closes its sockets in its exit
+        teardown, its peers fail on them at once, and the launcher's stop then reaches it
+        still exiting (the teardown holds the stop off). One that the stop ended by its
+        signal meanwhile has no status of its own to report: another rank names the failure."""
         if not self.failed:
             return False
         if not self.stop_signal:
             return True
         return (
-            self.failed_at is not None
+            self.returncode > 0
+            and self.failed_at is not None
             and self.stop_requested_at is not None
             and self.failed_at < self.stop_requested_at
         )

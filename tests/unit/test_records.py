@@ -139,6 +139,8 @@ def test_a_pid_file_round_trips_and_a_foreign_one_reads_as_nothing(tmp_path):
         (1, "SIGTERM", 9.0, 9.0, False),  # a traceback the stop caused (KeyboardInterrupt)
         (1, "SIGINT", 9.5, 9.0, False),
         (-15, "SIGTERM", None, 9.0, False),  # ended by the stop, nothing began before it
+        (-15, "SIGTERM", 5.0, 9.0, False),  # began first, but the stop ended its exit: no
+        (-9, "SIGTERM", 5.0, 9.0, False),  # status of its own (a peer names the failure)
         (3, "SIGTERM", 5.0, None, False),  # a stop of unknown time: not provably before
     ],
 )
