@@ -42,9 +42,7 @@ def _job(tmp_path, how: str, ranks: int, more: dict[str, str] | None = None, **e
 @pytest.mark.parametrize(
     ("how", "ranks", "code", "first"),
     [
-        ("return", 4, 0, None),
-        ("exit0", 1, 0, None),
-        ("fork", 1, 0, None),
+        ("return,exit0,fork", 3, 0, None),  # the ways to succeed, one per rank
         ("exit3", 1, 3, "rank 0 (local 0) on algo-1: exit code 3"),
         ("raise", 1, 1, "rank 0 (local 0) on algo-1: exit code 1: ValueError: planted at the end"),
     ],

@@ -4,12 +4,13 @@ what the exit teardown did (tests/integration/test_exit_teardown.py).
     exit_probe.py --how HOW --out OUT [--death-dump PATH] [--only-rank R]
                   [--after-teardown SECONDS]          (hyperparameters, as SageMaker passes them)
 
-HOW: `return` (falls off the end), `exit0`, `exit3` (sys.exit), `raise` (an uncaught
-exception), `stuck` (the teardown never returns: a peer or a pending collective it waits
-for), `fork` (a child forked after init exits through Python, so through the exit handlers
-it inherited). torch.distributed.destroy_process_group is wrapped to write
-OUT/calls-rank-<RANK>-<pid>.json when it is called: by whom, whether the script's own exit
-handler had run with the group still there, whether the death dump existed by then.
+HOW (or HOW,HOW,...: rank r ends as the r-th, in turn): `return` (falls off the end),
+`exit0`, `exit3` (sys.exit), `raise` (an uncaught exception), `stuck` (the teardown never
+returns: a peer or a pending collective it waits for), `fork` (a child forked after init
+exits through Python, so through the exit handlers it inherited).
+torch.distributed.destroy_process_group is wrapped to write OUT/calls-rank-<RANK>-<pid>.json
+when it is called: by whom, whether the script's own exit handler had run with the group
+still there, whether the death dump existed by then.
 
 --only-rank R: only rank R ends as HOW; the others go on with collectives until its exit
 breaks them (gloo: "Connection closed by peer"), as a DDP job's other ranks do.
@@ -35,8 +36,10 @@ parser.add_argument("--death-dump", type=Path, default=None)
 parser.add_argument("--only-rank", type=int, default=None)
 parser.add_argument("--after-teardown", type=float, default=0.0)
 given = parser.parse_args()
-how, out, death_dump = given.how, given.out, given.death_dump
+out, death_dump = given.out, given.death_dump
 rank = int(os.environ["RANK"])
+hows = given.how.split(",")  # one per rank, in turn: several endings in one job
+how = hows[rank % len(hows)]
 bystander = given.only_rank is not None and rank != given.only_rank
 state: dict = {"handler_sum": None}
 real_destroy = dist.destroy_process_group
@@ -93,7 +96,8 @@ if how == "fork":
     if child == 0:
         sys.exit(0)  # through Python's exit, so through the handlers it inherited
     os.waitpid(child, 0)
-    dist.all_reduce(tensor)  # the group still works after the child's exit
+    assert dist.is_initialized()  # the child's exit left its parent's group alone (the exit
+    # handler's all_reduce below checks it works: the same collectives as the other ranks)
 elif how == "exit0":
     sys.exit(0)
 elif how == "exit3":
