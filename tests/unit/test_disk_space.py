@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 from scripts.disk_space import (
@@ -18,8 +17,7 @@ from scripts.disk_space import (
     shortfall,
     standin_state,
 )
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.script_modules import run_script_module
 
 
 def _free(path: Path) -> float:
@@ -28,13 +26,7 @@ def _free(path: Path) -> float:
 
 def _disk_space(*args: str) -> subprocess.CompletedProcess:
     """The check as make runs it, from the repository root."""
-    return subprocess.run(
-        [sys.executable, "-m", "scripts.disk_space", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    return run_script_module("disk_space", *args)
 
 
 def test_too_little_room_is_one_line_with_what_is_needed_and_free_and_exit_1(tmp_path):

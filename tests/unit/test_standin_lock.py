@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,8 @@ from scripts.standin_lock import (
     unpinned,
     wheel_pin,
 )
+from tests.script_modules import REPO, run_script_module
 
-REPO = Path(__file__).resolve().parents[2]
 REQUIREMENTS = REPO / "docker" / "standin" / "requirements.txt"
 
 
@@ -107,13 +106,7 @@ def test_an_unreadable_lock_is_one_error_naming_it(tmp_path):
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     """As scripts/build-standin.sh runs it: a module from the repository root."""
-    return subprocess.run(
-        [sys.executable, "-m", "scripts.standin_lock", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    return run_script_module("standin_lock", *args)
 
 
 def test_the_check_passes_what_write_wrote_and_stops_a_drifted_wheel_in_one_line(tmp_path):
