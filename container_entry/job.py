@@ -285,18 +285,19 @@ class Job:
         """Several hosts: the job has one first failure, and the master decides which (two
         ranks failing on two hosts within milliseconds each looks first from its own host).
         This host posts its own earliest failure, unless it ended after another host's was
-        heard of (then it is likely a consequence), and writes what the master decided."""
+        heard of (then it is likely a consequence), and writes what the master decided. One
+        host (or one that lost its master) keeps its own earliest (`_earliest_of_this_host`)."""
         member = self.member
         own = [r for r in run.results.values() if r.failed_on_its_own]
+        earliest = min(own, key=lambda r: r.began or float("inf"), default=None)
         if member is None or member.lost_master:
-            return self._earliest_of_this_host(ending, own)
+            return self._earliest_of_this_host(ending, earliest)
         if ending.kind not in (Kind.FAILED, Kind.PEER_FAILED):
             # a hang or a stop: its verdict (posted later) has no start to order it by, so it
             # never takes the place of a decided failure; the others need not wait for it
             member.settle()
             return ending
-        if own:
-            earliest = min(own, key=lambda r: r.began or float("inf"))
+        if earliest is not None:
             member.post_failure(summarized(earliest, self.plan.max_restarts))
         member.settle()
         first = member.first_failure(FIRST_FAILURE_WAIT)
@@ -306,13 +307,12 @@ class Job:
         return Ending(Kind.FAILED if mine else Kind.PEER_FAILED, first)
 
     @staticmethod
-    def _earliest_of_this_host(ending: Ending, own: list[RankRecord]) -> Ending:
+    def _earliest_of_this_host(ending: Ending, earliest: RankRecord | None) -> Ending:
         """One host: the failure decided at the first look is the first record to arrive; a
         rank whose failure began earlier may end later (its exit teardown outlasts its peers'
         errors about it), so the earliest to begin among every record, once all are in."""
-        if ending.kind is not Kind.FAILED or ending.record is None or not own:
+        if ending.kind is not Kind.FAILED or ending.record is None or earliest is None:
             return ending
-        earliest = min(own, key=lambda r: r.began or float("inf"))
         if earliest.rank == ending.record.rank or (earliest.began or 0) >= (
             ending.record.began or float("inf")
         ):

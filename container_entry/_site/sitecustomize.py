@@ -7,7 +7,7 @@ PYTHONPATH), with no change to the user's script:
   rank: its records say which collective it waited in; a rank that exits or is killed is not
   asked then), written at exit beside the requested ones;
 - the script's process groups ended at its exit, after its own exit handlers and the dump
-  above, bounded (`worker.END_GROUPS_SECONDS`): torch documents that a program should call
+  above, bounded (the GROUP_TEARDOWN_TIMEOUT setting): torch documents that a program should call
   `destroy_process_group` before it exits, and HF Trainer scripts do not. Left to the
   interpreter's finalization, torch 2.15's gloo worker threads (`pt_gloo_runloop`) were killed
   there by Python (a thread taking the GIL then exits by forced unwinding) inside C++ that
