@@ -89,7 +89,7 @@ lint: venv ## ruff and mypy on Python, hadolint on the Dockerfiles, shellcheck o
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/hadolint docker/Dockerfile docker/standin/Dockerfile
-	$(VENV)/bin/shellcheck scripts/*.sh docker/standin/*.sh .ci/run
+	$(VENV)/bin/shellcheck scripts/*.sh docker/standin/*.sh docker/sdk-hook.bash .ci/run
 
 # Values reach scripts/push.py through the environment ("$$PUSH_..."), never pasted into a
 # shell command line.
@@ -127,6 +127,11 @@ bench: venv standin ## ours vs bare torchrun vs the DLC launcher (5 rounds), the
 bench-relay: venv standin ## the relay table alone: log-heavy DDP loop and HF job, ours vs bare torchrun in the image (ARGS=--rounds N ...) -> docs/benchmarks.md
 	$(MAKE) --no-print-directory build BASE_IMAGE=$(STANDIN) IMAGE=container-entry:bench
 	$(PYTHON) -m scripts.relay_benchmark --image container-entry:bench --make-target bench-relay $(ARGS)
+
+.PHONY: bench-hook
+bench-hook: venv standin ## what the SDK v3 hook (BASH_ENV) costs other processes: starts timed in the image, instructions counted here (valgrind) -> docs/benchmarks.md
+	$(MAKE) --no-print-directory build BASE_IMAGE=$(STANDIN) IMAGE=container-entry:bench
+	$(PYTHON) -m scripts.sdk_hook_benchmark --image container-entry:bench --instructions $(ARGS)
 
 .PHONY: bench-liveness
 bench-liveness: venv ## N-host simulation of the real bootstrap (2-256 hosts): a killed, frozen, cut-off host noticed in ... s -> docs/liveness.md

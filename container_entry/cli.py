@@ -18,6 +18,7 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from container_entry import stopping
 from container_entry.errors import StopRequested
@@ -25,12 +26,19 @@ from container_entry.exits import ExitCode
 from container_entry.stopping import Stop
 from container_entry.text import escaped, register
 
+if TYPE_CHECKING:
+    from container_entry.sdk_driver import SdkJob
+
+SDK_COMMAND = "sagemaker-sdk"  # what docker/sdk-hook.bash runs
+
 USAGE = """usage: container-entry [train [SCRIPT [ARGS...]] | plan [SCRIPT [ARGS...]]
-                       | stacks | CMD...]
+                       | stacks | sagemaker-sdk ... | CMD...]
 
   train   resolve the plan, fetch code, launch one DDP worker per GPU via torchrun (default)
   plan    print the launch plan as JSON and exit, launching nothing (exit 2 with `problems`)
   stacks  inside a running container: every local rank's Python stacks, nothing stopped
+  sagemaker-sdk  SageMaker SDK v3's own start (ModelTrainer with source_code), handed over by
+          the image's bash hook: our launcher runs its entry script
   CMD     anything else runs unchanged (bash, python -c ..., ...)
 
 Settings: environment variable CONTAINER_ENTRY_<NAME> or hyperparameter container_entry_<name>
@@ -133,22 +141,44 @@ def _safe_output() -> None:
             stream.reconfigure(errors=register())  # type: ignore[union-attr]
 
 
+def train_command(cli_args: Sequence[str], sdk: SdkJob | None = None) -> int:
+    """`train`: resolve, join, prepare, launch; `sdk`: the SDK v3 job the hook handed over."""
+    stop = Stop()
+
+    def train(args: Sequence[str]) -> int:
+        # imported while a stop is only noted: raised inside an import, it was reshaped by
+        # the code it cut (`Error calling __set_name__`, a half-imported module)
+        from container_entry.job import train
+
+        stop.install()  # takes over from record_early: a stop noted there raises here
+        stop.check()
+        return train(args, stop, sdk=sdk)
+
+    return _guarded("train", train, cli_args, stop)
+
+
+def sdk_command(args: Sequence[str]) -> int:
+    """SageMaker SDK v3's own start (`ModelTrainer` with `source_code`), handed over by the
+    image's bash hook as `STOP SHELL -c STRING`: trained by our launcher, or run as it is."""
+    from container_entry import sdk_start
+
+    decision = sdk_start.handed_over(args, os.environ)
+    if decision.job is not None:
+        return train_command([], sdk=decision.job)
+    shell = list(args[1:])
+    return _guarded("train", lambda argv: sdk_start.run_unchanged(argv, os.environ), shell)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from container_entry.sdk_driver import drop_image_bash_env
+
     args = list(sys.argv[1:] if argv is None else argv)
     _safe_output()
+    drop_image_bash_env(os.environ)
     if not args or args[0] == "train":
-        stop = Stop()
-
-        def train(cli_args: Sequence[str]) -> int:
-            # imported while a stop is only noted: raised inside an import, it was reshaped by
-            # the code it cut (`Error calling __set_name__`, a half-imported module)
-            from container_entry.job import train
-
-            stop.install()  # takes over from record_early: a stop noted there raises here
-            stop.check()
-            return train(cli_args, stop)
-
-        return _guarded("train", train, args[1:], stop)
+        return train_command(args[1:])
+    if args[0] == SDK_COMMAND:
+        return sdk_command(args[1:])
     stopping.release_early()  # not training: the stop signals as they were
     if args[0] == "plan":
         return _guarded("plan", plan_command, args[1:])

@@ -37,6 +37,8 @@ class CodeSource:
 
 def entry_program(env: Environment, sagemaker_hps: Mapping[str, Any]) -> str | None:
     """The entry script as named (None: not named at all)."""
+    if env.sdk is not None:
+        return env.sdk.entry_script
     if env.cli_args:
         return env.cli_args[0]
     program = env.environ.get("SAGEMAKER_PROGRAM") or sagemaker_hps.get("sagemaker_program")
@@ -53,6 +55,17 @@ def _named_on_command_line(env: Environment, name: str) -> tuple[CodeSource, str
         problem = f"entry script {name!r} not found: looked for {' and '.join(candidates)}"
     directory = posixpath.dirname(script)
     return CodeSource(Kind.CLI, name, directory), problem
+
+
+def _sdk_source(env: Environment) -> CodeSource:
+    """SDK v3's code: the `code` channel, where its start cds (extracting a .tar.gz
+    source_dir there first), else the working directory."""
+    assert env.sdk is not None
+    channel = posixpath.join(str(env.base_dir), "input", "data", "code")
+    folder = channel if env.sdk.source_dir else env.cwd
+    if env.sdk.archive:
+        return CodeSource(Kind.ARCHIVE, posixpath.join(folder, env.sdk.archive), folder)
+    return CodeSource(Kind.DIRECTORY, folder, folder)
 
 
 def _source(env: Environment, program: str, sagemaker_hps: Mapping[str, Any]) -> CodeSource:
@@ -93,5 +106,5 @@ def locate_code(
         code, problem = _named_on_command_line(env, program)
         script = posixpath.join(code.code_dir, posixpath.basename(program))
         return code, script, [problem] if problem else []
-    code = _source(env, program, sagemaker_hps)
+    code = _sdk_source(env) if env.sdk else _source(env, program, sagemaker_hps)
     return code, posixpath.join(code.code_dir, program), []

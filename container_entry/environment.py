@@ -18,8 +18,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from container_entry import gpus, shm
+from container_entry import gpus, sdk_driver, shm
 from container_entry.errors import ConfigError
+from container_entry.sdk_driver import SdkJob
 
 DEFAULT_BASE_DIR = "/opt/ml"
 
@@ -55,6 +56,9 @@ class Environment:
     libfabric_version: str | None = None
     kernel_release: str | None = None  # os.uname().release: the host's kernel
     boot_id: str | None = None  # this kernel's boot id: hosts that share one share a machine
+    # --- SageMaker SDK v3's own start, taken over (sdk_driver, sdk_start) ---
+    sdk: SdkJob | None = None
+    sdk_env: Mapping[str, str] = field(default_factory=dict)  # its environment.py's SM_*
 
     @property
     def config_dir(self) -> Path:
@@ -255,11 +259,15 @@ def read_efa_software(opt_root: Path = Path("/opt")) -> tuple[str | None, str | 
 
 
 def read_environment(
-    environ: Mapping[str, str] | None = None, cli_args: Sequence[str] = ()
+    environ: Mapping[str, str] | None = None,
+    cli_args: Sequence[str] = (),
+    sdk: SdkJob | None = None,
 ) -> Environment:
-    """Snapshot the environment; raises ConfigError for a malformed config file."""
+    """Snapshot the environment; raises ConfigError for a malformed config file. `sdk`: the
+    SDK v3 job the hook handed over, whose own environment script is run here."""
     environ = dict(os.environ if environ is None else environ)
     base = base_dir_from(environ)
+    sdk_env = sdk_driver.read_sdk_environment(base, sys.executable, environ) if sdk else {}
     smi = gpus.query_nvidia_smi()
     efa = read_efa_devices()
     ofi, fabric = read_efa_software() if efa else (None, None)
@@ -298,4 +306,6 @@ def read_environment(
         libfabric_version=fabric,
         kernel_release=os.uname().release,
         boot_id=read_boot_id(),
+        sdk=sdk,
+        sdk_env=sdk_env,
     )

@@ -28,6 +28,7 @@ from container_entry.logs import log, register_secrets
 from container_entry.outcome import Outcome
 from container_entry.plan import Plan, build_plan
 from container_entry.records import RankRecord
+from container_entry.sdk_driver import SdkJob
 from container_entry.side_channel import (
     JOIN_VERDICT_GRACE,
     SETTLE_SECONDS,
@@ -52,9 +53,9 @@ def resolve(cli_args: Sequence[str], environ: Mapping[str, str] | None = None) -
 
 
 def _resolve(
-    cli_args: Sequence[str], environ: Mapping[str, str] | None
+    cli_args: Sequence[str], environ: Mapping[str, str] | None, sdk: SdkJob | None = None
 ) -> tuple[Plan, Environment]:
-    env = read_environment(environ, cli_args=cli_args)
+    env = read_environment(environ, cli_args=cli_args, sdk=sdk)
     plan = build_plan(env)
     register_secrets(plan.secrets)
     return plan, env
@@ -364,13 +365,14 @@ class Job:
             self.coordinator.close()
 
 
-def train(cli_args: Sequence[str], stop: Stop) -> int:
-    """Resolve, join, prepare, launch; every outcome leaves a success or failure file."""
+def train(cli_args: Sequence[str], stop: Stop, sdk: SdkJob | None = None) -> int:
+    """Resolve, join, prepare, launch; every outcome leaves a success or failure file. `sdk`:
+    SageMaker SDK v3's start, taken over (sdk_start)."""
     environ = dict(os.environ)
     outcome = Outcome(base_dir_from(environ))
     job: Job | None = None
     try:
-        plan, env = _resolve(cli_args, environ)
+        plan, env = _resolve(cli_args, environ, sdk)
         if plan.settings.dry_run:
             print(plan.to_json(), flush=True)
             return ExitCode.BAD_INPUT if plan.problems else ExitCode.SUCCESS

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from container_entry import contract, gpus, hyperparameters, settings, torchrun
+from container_entry import contract, gpus, hyperparameters, sdk_driver, settings, torchrun
 from container_entry.cluster import Topology, resolve_topology
 from container_entry.code_source import UNRESOLVED, CodeSource, Kind, entry_program, locate_code
 from container_entry.environment import Environment
@@ -28,7 +28,8 @@ from container_entry.hang import AUTO_FACTOR, AUTO_FLOOR, PROGRESS_ENV
 from container_entry.layout import RunDir
 from container_entry.masking import MASK, Masker, argv_pairs, is_secret_name, secret_values
 from container_entry.preflight_then_script import PREFLIGHT_SCRIPT
-from container_entry.settings import Settings
+from container_entry.sdk_driver import SdkJob
+from container_entry.settings import HYPERPARAMETER_PREFIX, Settings
 from container_entry.worker_defaults import Defaults, threads, worker_env
 
 MAX_ARG_STRLEN = 131072  # Linux: the most bytes one argv or environment string may hold
@@ -74,6 +75,7 @@ class Plan:
     cpu_count: int = 1  # this host's, for the thread default
     physical_cores: int | None = None
     boot_id: str | None = None  # this machine's kernel, told to the other hosts at the join
+    sdk: SdkJob | None = None  # SageMaker SDK v3's start, taken over (sdk_driver)
 
     @property
     def workers(self) -> int:
@@ -134,6 +136,7 @@ class Plan:
             f"torch       {self.torch_version or 'not installed'}; a stop reaches the ranks "
             f"from the bootstrap ({self.settings.stop_grace_period:g} s grace)",
             f"code        {self.command[0]} ({self.code.kind}: {self.code.location})",
+            *([f"sdk         SageMaker SDK v3 {self.sdk.describe()}"] if self.sdk else []),
             f"arguments   {' '.join(self.command[1:]) or '-'}",
             f"env added   {sm_count} SM_* + {env_names or '-'}",
         ]
@@ -239,7 +242,9 @@ def _sm_env(
         environ=env.environ,
     )
     reason = "SageMaker contract (as sagemaker-training exports it)"
-    return {name: EnvVar(value, reason) for name, value in sm.items()}
+    found = {name: EnvVar(value, reason) for name, value in sm.items()}
+    sdk = "SageMaker SDK v3 contract (its scripts/environment.py)"
+    return {**found, **{name: EnvVar(value, sdk) for name, value in env.sdk_env.items()}}
 
 
 def _bootstrap_env(
@@ -298,12 +303,21 @@ def build_plan(env: Environment) -> Plan:
     knobs = settings.resolve(env.environ, hps.settings)
     gpu = gpus.count_gpus(env.environ, env.nvidia_smi, env.nvidia_smi_error, env.gpu_driver)
     program = entry_program(env, hps.sagemaker)
-    user_args = list(env.cli_args[1:]) if env.cli_args else hyperparameters.to_args(hps.user)
+    user_args = (
+        list(env.cli_args[1:])
+        if env.cli_args
+        else sdk_driver.script_args(env.hyperparameters, HYPERPARAMETER_PREFIX)
+        if env.sdk
+        else hyperparameters.to_args(hps.user)
+    )
     job_name = env.environ.get("TRAINING_JOB_NAME") or hps.sagemaker.get("sagemaker_job_name")
     code, script, code_problems = locate_code(env, program, hps.sagemaker)
     launcher = torchrun.Torchrun(env.torch_version or "0.0")
     problems = [*gpu.problems, *code_problems, *_torch_problems(env, launcher)]
-    launch = torchrun.launch(launcher, env.environ, env.python, topology, knobs, gpu, job_name)
+    asked = env.sdk.processes_per_host if env.sdk else None
+    launch = torchrun.launch(
+        launcher, env.environ, env.python, topology, knobs, gpu, job_name, processes=asked
+    )
     defaults = _defaults(env, topology, gpu, launch.nproc)
     wanted = {
         **_sm_env(env, topology, hps, user_args, program, code, gpu),
@@ -348,4 +362,5 @@ def build_plan(env: Environment) -> Plan:
         cpu_count=env.cpu_count,
         physical_cores=env.physical_cores,
         boot_id=env.boot_id,
+        sdk=env.sdk,
     )

@@ -130,6 +130,9 @@ class Command:
     secrets: tuple[str, ...] = ()
     console_stderr: str | None = None  # the bootstrap's stderr as a worker can open it
     group_teardown_seconds: float = 0.0  # GROUP_TEARDOWN_TIMEOUT: the script's exit; 0: off
+    # a script with no '#!' line runs under /bin/sh, as execvp and the shell do it (SDK v3's
+    # drivers start a .sh entry script through /bin/sh); else it is an ExecError naming the line
+    sh_fallback: bool = False
 
     def write(self, path: Path) -> None:
         """Readable by this user only: the command line holds the hyperparameters."""
@@ -154,6 +157,7 @@ class Command:
                 secrets=tuple(map(str, data.get("secrets") or ())),
                 console_stderr=data.get("console_stderr"),
                 group_teardown_seconds=float(data.get("group_teardown_seconds") or 0.0),
+                sh_fallback=bool(data.get("sh_fallback")),
             )
         except TypeError as error:  # a field of the wrong kind (a number for a list)
             raise ValueError(f"{path}: not a command ({error})") from None

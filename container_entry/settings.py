@@ -85,6 +85,13 @@ def _preflight(value: str) -> str:
     raise ValueError("auto, true or false")
 
 
+def _sdk_driver(value: str) -> str:
+    lowered = value.strip().lower()
+    if lowered in ("container-entry", "sdk"):
+        return lowered
+    raise ValueError("container-entry or sdk")
+
+
 def _ranks(value: str) -> str:
     lowered = value.strip().lower().replace(" ", "")
     if lowered == "all" or (lowered and all(item.isdigit() for item in lowered.split(","))):
@@ -149,6 +156,13 @@ class Settings:
         "auto",
         _preflight,
         "cluster check before the script: `auto` (multi-host jobs), `true`, `false`",
+    )
+    sdk_driver: str = _setting(
+        "container-entry",
+        _sdk_driver,
+        "SageMaker SDK v3 `ModelTrainer(source_code=...)` with `entry_script`: "
+        "`container-entry` (our launcher runs it, one worker per GPU on every host) or `sdk` "
+        "(the SDK's own driver, as without this image); see SDK v3",
     )
     dry_run: bool = _setting(
         False,

@@ -50,6 +50,12 @@ def _note_early(signum: int, _frame: object) -> None:
         _Early.signal, _Early.number, _Early.at = signal_name(signum), signum, time.time()
 
 
+def note_early(signum: int) -> None:
+    """A stop that reached an earlier program of the container's start (the SDK hook's shell,
+    docker/sdk-hook.bash) before it exec'd the bootstrap: as if it had come now."""
+    _note_early(signum, None)
+
+
 def record_early() -> None:
     """Catch the stop signals at once, before anything else is imported: only noted, never
     raised (a KeyboardInterrupt inside an import would be a traceback). `Stop.install` takes

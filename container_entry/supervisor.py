@@ -96,6 +96,7 @@ class Supervisor:
             secrets=tuple(self.plan.secrets),
             console_stderr=self.output.worker_stderr(),
             group_teardown_seconds=self.settings.group_teardown_timeout,
+            sh_fallback=self.plan.sdk is not None,
         ).write(self.control.command)
         self.stop.raising = False
         timeout = self.settings.hang_timeout  # None: auto, which watches several hosts only

@@ -142,9 +142,12 @@ def _pet_int(environ: Mapping[str, str], name: str, default: int, low: int, high
     return value
 
 
-def _nproc(environ: Mapping[str, str], gpu: GpuCount) -> tuple[str, str]:
-    """Workers per host as torchrun takes them, and why: PET_NPROC_PER_NODE, else a GPU each."""
+def _nproc(environ: Mapping[str, str], gpu: GpuCount, asked: int | None) -> tuple[str, str]:
+    """Workers per host as torchrun takes them, and why: PET_NPROC_PER_NODE, else what the job
+    asked for (SDK v3's Torchrun(process_count_per_node)), else a GPU each."""
     raw = environ.get("PET_NPROC_PER_NODE")
+    if raw is None and asked:
+        return str(asked), "SDK v3 Torchrun(process_count_per_node)"
     if raw is None:
         return (str(gpu.count), gpu.source) if gpu.count else ("1", "no GPU: CPU")
     if raw not in ("auto", "cpu", "gpu", "xpu") and not (raw.isdigit() and int(raw) > 0):
@@ -175,11 +178,12 @@ def launch(
     knobs: Settings,
     gpu: GpuCount,
     job_name: object,
+    processes: int | None = None,
 ) -> Launch:
     """torchrun's command line for this host: workers per host, the master, restarts, the stop
     grace where this torchrun takes it; every PET_* variable the user set wins (torchrun reads
     it itself)."""
-    workers, workers_source = _nproc(environ, gpu)
+    workers, workers_source = _nproc(environ, gpu, processes)
     master_port = _pet_int(environ, "PET_MASTER_PORT", knobs.master_port, 1, 65534)
     master_addr = environ.get("PET_MASTER_ADDR") or topology.master_addr
     restarts = _pet_int(environ, "PET_MAX_RESTARTS", knobs.max_restarts, 0, 10**6)

@@ -125,15 +125,33 @@ def make_executable(script: Path) -> None:
         ) from None
 
 
+def _requirements(plan: Plan) -> Path | None:
+    """The requirements file to install: `requirements.txt` in the code folder where it exists;
+    under SDK v3, the file SourceCode.requirements names (which must exist), or none."""
+    folder = Path(plan.code.code_dir)
+    if plan.sdk is None or plan.sdk.requirements == "auto":  # "auto": the SDK's JumpStart rule
+        found = folder / "requirements.txt"
+        return found if found.is_file() else None
+    if plan.sdk.requirements is None:
+        return None
+    named = folder / plan.sdk.requirements
+    if not named.is_file():
+        raise CodeError(f"{escaped(str(named))}: not found (SourceCode.requirements)")
+    return named
+
+
 def install_requirements(plan: Plan, python: str) -> None:
-    """`pip install -r requirements.txt` once per host, before any worker starts."""
-    requirements = Path(plan.code.code_dir) / "requirements.txt"
-    if not plan.settings.install_requirements or not requirements.is_file():
+    """`pip install -r requirements.txt` once per host, before any worker starts (under SDK v3
+    through the SDK's own installer where it shipped one: CodeArtifact's login)."""
+    requirements = _requirements(plan) if plan.settings.install_requirements else None
+    if requirements is None:
         return
-    log(f"installing {requirements}")
+    log(f"installing {escaped(str(requirements))}")
     pip = [python, "-m", "pip", "install", "--disable-pip-version-check", "-r", str(requirements)]
+    if plan.sdk is not None and plan.sdk.installer:
+        pip = [python, plan.sdk.installer, str(requirements)]
     if shutil.which(python) is None and not Path(python).exists():
         raise CodeError(f"{requirements}: no python at {python} to install with")
-    result = offspring.run(pip)
+    result = offspring.run(pip, cwd=plan.code.code_dir)  # relative lines name files there
     if result.returncode != 0:
         raise CodeError(f"{requirements}: pip install failed with exit code {result.returncode}")

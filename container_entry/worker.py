@@ -44,6 +44,7 @@ if __name__ == "__main__":  # the rank's wrapper: a stop is noted from its first
     catch_together(lambda signum, _: _EARLY.setdefault(signum, time.time()))
 
 import contextlib
+import errno
 import math
 import os
 import subprocess
@@ -51,6 +52,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from container_entry import flight_recorder
 from container_entry.console import Console, console_stderr
@@ -302,9 +304,7 @@ class Wrapper:
         with contextlib.suppress(OSError):
             exiting.unlink()  # a restart's rank's, or the preflight's before the script
         try:
-            child = subprocess.Popen(
-                argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=self.env, cwd=os.getcwd()
-            )
+            child = self._start(argv)
         except (OSError, ValueError) as error:  # ValueError: an argument that is no C string
             code, failure = exec_failure(name, error)
             self.log.write(encoded(failure["message"] + "\n"))
@@ -328,6 +328,17 @@ class Wrapper:
         status = relay(child, list(zip(streams, relays, strict=True)))
         began = [at for at in (relays[1].traceback_at, _exiting_at(exiting)) if at is not None]
         return Ended(status, None, relays[1].tail_lines(), min(began, default=None))
+
+    def _start(self, argv: list[str]) -> subprocess.Popen:
+        """The child; a script without a '#!' line under /bin/sh where the job asks for
+        execvp's rule (Command.sh_fallback)."""
+        pipes: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+        try:
+            return subprocess.Popen(argv, env=self.env, cwd=os.getcwd(), **pipes)
+        except OSError as error:
+            if error.errno != errno.ENOEXEC or not self.command.sh_fallback:
+                raise
+        return subprocess.Popen(["/bin/sh", *argv], env=self.env, cwd=os.getcwd(), **pipes)
 
     def save(self, ended: Ended) -> None:
         """The rank's record, for the bootstrap's monitor and failure file; said on the

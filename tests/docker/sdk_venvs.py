@@ -1,8 +1,12 @@
-"""Virtual environments holding one SageMaker Python SDK each, and cleanup of their local mode.
+"""Virtual environments holding one SageMaker Python SDK each, their clients, and the cleanup
+of their local mode.
 
 SDK v2 and v3 cannot share a venv, and neither belongs in the dev venv: each gets
 build/venv-<name>, created from its requirements lock on first use and reused while the lock
-(and the interpreter) are unchanged (a stamp file holds their hash).
+(and the interpreter) are unchanged (a stamp file holds their hash). SDK v3's local mode names
+its containers `algo-1`, `algo-2` on the one `sagemaker-local` network: two of its jobs at once
+would answer each other's names, so they take turns (`v3_local_mode`), whichever xdist worker
+runs them.
 """
 
 from __future__ import annotations
@@ -10,9 +14,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import json
+import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 STAMP = ".requirements.sha256"
 FORBIDDEN = ("torch", "nvidia-", "triton")  # the SDK clients must never pull these
+CLIENT_TIMEOUT = 420
 
 
 def _digest(requirements: Path) -> str:
@@ -89,10 +97,71 @@ def local_mode_cleanup(docker_client, root: Path) -> Iterator[LocalModeContainer
                 continue
             service = container.labels.get("com.docker.compose.service", container.name)
             found.exit_codes[service] = container.attrs["State"]["ExitCode"]
-            found.logs[service] = container.logs(tail=60).decode(errors="replace")
+            found.logs[service] = container.logs().decode(errors="replace")
             container.remove(force=True)
         for network in docker_client.networks.list(names=["sagemaker-local"]):
             network.reload()
             if not network.attrs.get("Containers"):
                 with contextlib.suppress(Exception):  # another job may have just joined it
                     network.remove()
+
+
+@contextlib.contextmanager
+def v3_local_mode() -> Iterator[None]:
+    """One SDK v3 local-mode job at a time on this machine (its fixed `algo-N` names)."""
+    locks = REPO / "build" / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / "sdk-v3-local-mode.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def client_env(tmp_path: Path) -> dict[str, str]:
+    """An SDK client's environment: fake AWS credentials (AWS itself cannot exist here)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PYTHON", "VIRTUAL"))}
+    env.update(
+        AWS_ACCESS_KEY_ID="AKIAFAKEFAKEFAKEFAKE",
+        AWS_SECRET_ACCESS_KEY="fake-secret-key",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_CONFIG_FILE=str(tmp_path / "no-aws-config"),
+        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "no-aws-credentials"),
+        AWS_EC2_METADATA_DISABLED="true",
+        SAGEMAKER_SUPPRESS_V2_WARNING="1",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+def run_client(
+    python: Path, source: str, tmp_path: Path, *args: str, check: bool = True
+) -> tuple[dict, str]:
+    """Run an SDK client script; its result line (`check`: required) and its output."""
+    script = tmp_path / "client.py"
+    script.write_text(source)
+    result = subprocess.run(
+        [str(python), str(script), *args],
+        cwd=tmp_path,
+        env=client_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=CLIENT_TIMEOUT,
+        check=False,
+    )
+    output = result.stdout + result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith("CLIENT-RESULT ")]
+    if not check:
+        return {}, output
+    assert result.returncode == 0, output[-6000:]
+    assert lines, output[-6000:]
+    return json.loads(lines[-1].removeprefix("CLIENT-RESULT ")), output
+
+
+def members(archive: Path) -> dict[str, bytes]:
+    """The files of a tar.gz the SDK wrote (model.tar.gz, output.tar.gz), by name."""
+    with tarfile.open(archive) as tar:
+        found = {}
+        for member in tar:
+            data = tar.extractfile(member) if member.isfile() else None
+            if data is not None:
+                found[member.name.removeprefix("./")] = data.read()
+        return found

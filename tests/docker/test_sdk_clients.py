@@ -8,17 +8,18 @@ The client runs in a subprocess with that venv's python; fake credentials are en
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from tests.docker.conftest import REPO
-from tests.docker.sdk_venvs import ensure_venv, local_mode_cleanup
-
-CLIENT_TIMEOUT = 420
+from tests.docker.sdk_venvs import (
+    ensure_venv,
+    local_mode_cleanup,
+    members,
+    run_client,
+    v3_local_mode,
+)
 
 # The user's training script: joins the gloo group, gathers what every rank saw to rank 0,
 # which writes it into SM_MODEL_DIR (-> model.tar.gz); every rank writes SM_OUTPUT_DATA_DIR.
@@ -131,42 +132,6 @@ def job(tmp_path) -> dict[str, Path]:
     return {"code": code, "data": data, "root": tmp_path / "local-mode"}
 
 
-def run_client(python: Path, source: str, tmp_path: Path, *args: str) -> tuple[dict, str]:
-    """Run an SDK client script with fake AWS credentials; its result line and its output."""
-    script = tmp_path / "client.py"
-    script.write_text(source)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "PYTHON", "VIRTUAL"))}
-    env.update(
-        AWS_ACCESS_KEY_ID="AKIAFAKEFAKEFAKEFAKE",
-        AWS_SECRET_ACCESS_KEY="fake-secret-key",
-        AWS_DEFAULT_REGION="us-east-1",
-        AWS_CONFIG_FILE=str(tmp_path / "no-aws-config"),
-        AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "no-aws-credentials"),
-        AWS_EC2_METADATA_DISABLED="true",
-        SAGEMAKER_SUPPRESS_V2_WARNING="1",
-        PYTHONUNBUFFERED="1",
-    )
-    result = subprocess.run(
-        [str(python), str(script), *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=CLIENT_TIMEOUT,
-        check=False,
-    )
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-6000:]
-    lines = [line for line in result.stdout.splitlines() if line.startswith("CLIENT-RESULT ")]
-    assert lines, output[-6000:]
-    return json.loads(lines[-1].removeprefix("CLIENT-RESULT ")), output
-
-
-def members(archive: Path) -> dict[str, bytes]:
-    with tarfile.open(archive) as tar:
-        return {m.name.removeprefix("./"): tar.extractfile(m).read() for m in tar if m.isfile()}
-
-
 def check_ddp(model: dict[str, bytes], output: dict[str, bytes], hosts: list[str]) -> None:
     """World of 4 over both hosts, every rank with the same argv, the code and the data."""
     assert list(model) == ["ddp.json"], list(model)
@@ -225,7 +190,7 @@ def test_sdk_v3_model_trainer_local_container_trains_with_ddp(
 ):
     root = job["root"]
     root.mkdir()
-    with local_mode_cleanup(docker_client, root) as found:
+    with v3_local_mode(), local_mode_cleanup(docker_client, root) as found:
         _, log = run_client(
             sdk3_python,
             SDK_V3_CLIENT,
