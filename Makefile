@@ -50,27 +50,27 @@ help: ## list targets and variables
 	@echo "  login/push for ECR go there instead; tests), RELEASE_BRANCH (buildspec, main)"
 
 venv: $(VENV)/.done ## create .venv with the pinned dev/test dependencies
-$(VENV)/.done: requirements/dev.txt pyproject.toml scripts/wheel_backend.py
+$(VENV)/.done: requirements/dev.txt pyproject.toml scripts/build/wheel_backend.py
 	python3 -m venv $(VENV)
 	PIP_CONSTRAINT=/dev/null $(PYTHON) -m pip install -q --disable-pip-version-check -r requirements/dev.txt
 	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
 standin: docker ## build the offline stand-in of the DLC (debootstrap + wheels, no registry)
-	python3 -m scripts.disk_space --for standin
-	scripts/build-standin.sh $(STANDIN)
+	python3 -m scripts.build.disk_space --for standin
+	scripts/build/build-standin.sh $(STANDIN)
 
 build: ## build the image: make build BASE_IMAGE=<image> IMAGE=<tag>
 	docker build -f docker/Dockerfile --build-arg BASE_IMAGE=$(BASE_IMAGE) \
 		--build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) -t $(IMAGE) .
 
 docker: ## make sure a docker engine runs (installs and starts one as root if needed)
-	scripts/ensure-docker.sh
+	scripts/build/ensure-docker.sh
 
 demo: docker demo-disk venv standin ## build stand-in + image, run a 2-host x 2-worker CPU HF Trainer job
 	$(MAKE) build BASE_IMAGE=$(STANDIN) IMAGE=$(DEMO_IMAGE)
 	$(PYTHON) examples/hf_trainer_tiny.py --write-data build/demo-data
-	$(PYTHON) -m scripts.local_cluster --image $(DEMO_IMAGE) --hosts 2 --workers-per-host 2 \
+	$(PYTHON) -m scripts.local.cluster --image $(DEMO_IMAGE) --hosts 2 --workers-per-host 2 \
 		--script examples/hf_trainer_tiny.py --data build/demo-data/data.jsonl \
 		--hp epochs=3 --hp learning-rate=0.005
 
@@ -79,7 +79,7 @@ test: docker test-disk venv standin ## run every test (unit, real torchrun, dock
 
 # Free disk first: one line and exit 1 now, not `no space left on device` minutes into a build.
 demo-disk test-disk: docker
-	python3 -m scripts.disk_space --for $(@:-disk=)
+	python3 -m scripts.build.disk_space --for $(@:-disk=)
 
 unit: venv ## run the unit tests only (no docker, no processes)
 	$(PYTHON) -m pytest -n $(UNIT_WORKERS) tests/unit $(PYTEST_ARGS)
@@ -89,9 +89,9 @@ lint: venv ## ruff and mypy on Python, hadolint on the Dockerfiles, shellcheck o
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/hadolint docker/Dockerfile docker/standin/Dockerfile
-	$(VENV)/bin/shellcheck scripts/*.sh docker/standin/*.sh docker/sdk-hook.bash .ci/run
+	$(VENV)/bin/shellcheck scripts/*/*.sh docker/standin/*.sh docker/sdk-hook.bash .ci/run
 
-# Values reach scripts/push.py through the environment ("$$PUSH_..."), never pasted into a
+# Values reach scripts/build/push.py through the environment ("$$PUSH_..."), never pasted into a
 # shell command line.
 login-base push: export PUSH_BASE_IMAGE = $(BASE_IMAGE)
 push: export PUSH_IMAGE = $(IMAGE)
@@ -102,11 +102,11 @@ push: export PUSH_REVISION = $(REVISION)
 push: export PUSH_MOVING_TAG = $(MOVING_TAG)
 
 login-base: venv ## docker login to BASE_IMAGE's ECR registry when it is not on this machine
-	$(PYTHON) -m scripts.push login-base --base-image "$$PUSH_BASE_IMAGE"
+	$(PYTHON) -m scripts.build.push login-base --base-image "$$PUSH_BASE_IMAGE"
 
 push: login-base ## build, tag VERSION, REVISION, MOVING_TAG, push to ECR (or REGISTRY); prints URI@digest
 	$(MAKE) --no-print-directory build
-	$(PYTHON) -m scripts.push push --image "$$PUSH_IMAGE" --registry "$$PUSH_REGISTRY" \
+	$(PYTHON) -m scripts.build.push push --image "$$PUSH_IMAGE" --registry "$$PUSH_REGISTRY" \
 		--repository "$$PUSH_REPOSITORY" --version "$$PUSH_VERSION" --revision "$$PUSH_REVISION" \
 		--moving-tag "$$PUSH_MOVING_TAG" --uri-file build/image-uri.txt
 
@@ -115,35 +115,35 @@ run: export RUN_SCRIPT = $(SCRIPT)
 run: export RUN_ARGS = $(ARGS)
 run: export RUN_GPUS = $(GPUS)
 run: ## docker run --gpus GPUS IMAGE on SCRIPT ARGS (current dir mounted at /opt/ml/code)
-	python3 -m scripts.run_local
+	python3 -m scripts.local.run
 
 .PHONY: bench
 bench: venv standin ## ours vs bare torchrun vs the DLC launcher (5 rounds), then the relay table (5 rounds), ~40 min on 2 cores -> docs/benchmarks.md
 	$(MAKE) --no-print-directory build BASE_IMAGE=$(STANDIN) IMAGE=container-entry:bench
 	$(PYTHON) -m scripts.bench --image container-entry:bench --base $(STANDIN) --rounds 5 $(ARGS)
-	$(PYTHON) -m scripts.relay_benchmark --image container-entry:bench --rounds 5 --make-target bench
+	$(PYTHON) -m scripts.bench.relay --image container-entry:bench --rounds 5 --make-target bench
 
 .PHONY: bench-relay
 bench-relay: venv standin ## the relay table alone: log-heavy DDP loop and HF job, ours vs bare torchrun in the image (ARGS=--rounds N ...) -> docs/benchmarks.md
 	$(MAKE) --no-print-directory build BASE_IMAGE=$(STANDIN) IMAGE=container-entry:bench
-	$(PYTHON) -m scripts.relay_benchmark --image container-entry:bench --make-target bench-relay $(ARGS)
+	$(PYTHON) -m scripts.bench.relay --image container-entry:bench --make-target bench-relay $(ARGS)
 
 .PHONY: bench-hook
 bench-hook: venv standin ## what the SDK v3 hook (BASH_ENV) costs other processes: starts timed in the image, instructions counted here (valgrind) -> docs/benchmarks.md
 	$(MAKE) --no-print-directory build BASE_IMAGE=$(STANDIN) IMAGE=container-entry:bench
-	$(PYTHON) -m scripts.sdk_hook_benchmark --image container-entry:bench --instructions $(ARGS)
+	$(PYTHON) -m scripts.bench.sdk_hook --image container-entry:bench --instructions $(ARGS)
 
 .PHONY: bench-liveness
 bench-liveness: venv ## N-host simulation of the real bootstrap (2-256 hosts): a killed, frozen, cut-off host noticed in ... s -> docs/liveness.md
-	$(PYTHON) -m scripts.simulate_hosts --hosts 2 16 64 256 --write-docs docs/liveness.md $(ARGS)
+	$(PYTHON) -m scripts.simulate.hosts --hosts 2 16 64 256 --write-docs docs/liveness.md $(ARGS)
 
 .PHONY: bench-threads
 bench-threads: venv ## CPU HF Trainer steps/s: OMP_NUM_THREADS default vs torchrun's 1 (~5 min) -> docs/thread-benchmark.md
-	$(PYTHON) -m scripts.thread_benchmark $(ARGS)
+	$(PYTHON) -m scripts.bench.threads $(ARGS)
 
 # The system python3: a bare GPU host has torch, NCCL and transformers but no .venv and no docker.
 gpu-check: ## on a GPU host, no docker: plan, DDP+preflight, HF, crash, OOM, hang, stop, benchmark; one verdict line each (ARGS=--only ... --markdown FILE ...)
-	python3 -m scripts.gpu_check $(ARGS)
+	python3 -m scripts.gpu.check $(ARGS)
 
 clean: ## remove build outputs and the venv (images are kept)
 	rm -rf build dist *.egg-info $(VENV) .pytest_cache .ruff_cache

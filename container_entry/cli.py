@@ -20,14 +20,14 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from container_entry import stopping
-from container_entry.errors import StopRequested
-from container_entry.exits import ExitCode
-from container_entry.stopping import Stop
-from container_entry.text import escaped, register
+from container_entry.common import stopping
+from container_entry.common.errors import StopRequested
+from container_entry.common.exits import ExitCode
+from container_entry.common.stopping import Stop
+from container_entry.common.text import escaped, register
 
 if TYPE_CHECKING:
-    from container_entry.sdk_driver import SdkJob
+    from container_entry.plan.sdk_driver import SdkJob
 
 SDK_COMMAND = "sagemaker-sdk"  # what docker/sdk-hook.bash runs
 
@@ -46,7 +46,7 @@ Settings: environment variable CONTAINER_ENTRY_<NAME> or hyperparameter containe
 
 
 def usage() -> str:
-    from container_entry import settings
+    from container_entry.plan import settings
 
     rows = [f"  {name:<21} {default:<6} {doc}" for name, default, doc in settings.table()]
     return USAGE + "\n".join(rows).replace("`", "") + "\n"
@@ -56,9 +56,9 @@ def plan_command(cli_args: Sequence[str]) -> int:
     """Everything that could be resolved, as JSON; `problems` lists what stops a launch."""
     import json
 
-    from container_entry.errors import BootstrapError
+    from container_entry.common.errors import BootstrapError
+    from container_entry.common.logs import log
     from container_entry.job import resolve
-    from container_entry.logs import log
 
     try:
         plan = resolve(cli_args)
@@ -77,10 +77,10 @@ def _internal_error(command: str, error: BaseException) -> int:
     import time
     import traceback
 
-    from container_entry.environment import base_dir_from
-    from container_entry.layout import RunDir
-    from container_entry.logs import log, redact
-    from container_entry.outcome import Outcome
+    from container_entry.common.layout import RunDir
+    from container_entry.common.logs import log, redact
+    from container_entry.plan.environment import base_dir_from
+    from container_entry.supervise.outcome import Outcome
 
     environ = dict(os.environ)
     what = f"internal error: {type(error).__name__}: {escaped(str(error))}"
@@ -99,8 +99,8 @@ def _internal_error(command: str, error: BaseException) -> int:
 
 def _stopped(stop: StopRequested) -> int:
     """A stop before train() could take over its own reporting: one line, a failure file."""
-    from container_entry.environment import base_dir_from
-    from container_entry.outcome import Outcome
+    from container_entry.plan.environment import base_dir_from
+    from container_entry.supervise.outcome import Outcome
 
     print(f"[container-entry] {stop}", file=sys.stderr, flush=True)
     Outcome(base_dir_from(os.environ)).failure(f"StopRequested: {stop}")
@@ -170,7 +170,7 @@ def sdk_command(args: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from container_entry.sdk_driver import drop_image_bash_env
+    from container_entry.plan.sdk_driver import drop_image_bash_env
 
     args = list(sys.argv[1:] if argv is None else argv)
     _safe_output()
@@ -183,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[0] == "plan":
         return _guarded("plan", plan_command, args[1:])
     if args[0] == "stacks":
-        from container_entry.stacks import print_live_stacks
+        from container_entry.diagnose.stacks import print_live_stacks
 
         return print_live_stacks()
     if args[0] in ("-h", "--help", "help"):

@@ -9,38 +9,32 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from container_entry import culprit, network, offspring, user_code
-from container_entry.ending import Ending, Kind, Observed, verdict
-from container_entry.environment import Environment, base_dir_from, read_environment
-from container_entry.environment import read_json as read_config
-from container_entry.errors import (
+from container_entry.common import offspring
+from container_entry.common.errors import (
     BootstrapError,
     CodeError,
     ConfigError,
     DeviceError,
-    NetworkError,
     StopRequested,
 )
-from container_entry.exits import ExitCode
-from container_entry.failure import is_collective_timeout, summarized
-from container_entry.layout import RunDir
-from container_entry.logs import log, register_secrets
-from container_entry.outcome import Outcome
-from container_entry.plan import Plan, build_plan
-from container_entry.records import RankRecord
-from container_entry.sdk_driver import SdkJob
-from container_entry.side_channel import (
-    JOIN_VERDICT_GRACE,
-    SETTLE_SECONDS,
-    Coordinator,
-    Member,
-    PeerFailure,
-    job_key,
-)
-from container_entry.stopping import Stop
-from container_entry.supervisor import Supervisor
-from container_entry.torch_gpus import check_visible_gpus
-from container_entry.torchrun_process import Prestarted, child_environment
+from container_entry.common.exits import ExitCode
+from container_entry.common.layout import RunDir
+from container_entry.common.logs import log, register_secrets
+from container_entry.common.records import RankRecord
+from container_entry.common.stopping import Stop
+from container_entry.diagnose import culprit
+from container_entry.diagnose.failure import is_collective_timeout, summarized
+from container_entry.hosts import SETTLE_SECONDS, PeerFailure, network
+from container_entry.hosts.session import Session, session_key
+from container_entry.plan.environment import Environment, base_dir_from, read_environment
+from container_entry.plan.plan import Plan, build_plan
+from container_entry.plan.sdk_driver import SdkJob
+from container_entry.rank.torch_gpus import check_visible_gpus
+from container_entry.supervise import user_code
+from container_entry.supervise.ending import Ending, Kind, Observed, verdict
+from container_entry.supervise.outcome import Outcome
+from container_entry.supervise.supervisor import Supervisor
+from container_entry.supervise.torchrun_process import Prestarted, child_environment
 
 # for the master's final word on which failure was the job's first: it comes once every host
 # settled, at the latest decision.SETTLE_SECONDS after the first failure reached the master
@@ -61,27 +55,6 @@ def _resolve(
     return plan, env
 
 
-def side_channel_key(env: Environment) -> bytes:
-    """The key every host of this job derives alike for the side channel (side_channel)."""
-    return job_key(env.environ, env.resource_config, env.hyperparameters, env.input_data_config)
-
-
-def _key_from_files(base: Path, environ: Mapping[str, str]) -> bytes:
-    """The same key, for a Job made without one: from the config files themselves."""
-    config = base / "input" / "config"
-
-    def load(name: str) -> dict | None:
-        path = config / name
-        return read_config(path) if path.exists() else None
-
-    return job_key(
-        environ,
-        load("resourceconfig.json"),
-        load("hyperparameters.json") or {},
-        load("inputdataconfig.json") or {},
-    )
-
-
 class Job:
     """Join the others, prepare, launch, report."""
 
@@ -92,123 +65,20 @@ class Job:
         base: Path,
         stop: Stop,
         *,
-        key: bytes | None = None,
+        key: bytes = b"",
     ) -> None:
         self.plan = plan
         self.environ = environ
         self.base = base
         self.stop = stop
-        self.key = key  # the side channel's (side_channel_key); None: derived when needed
+        self.session = Session(plan, key)  # the side channel (key: hosts.session.session_key)
         self.run_dir = RunDir.of(base)
-        self.coordinator: Coordinator | None = None
-        self.member: Member | None = None
         self.torchrun: Prestarted | None = None
         self.succeeded = False
 
     def prestart(self) -> None:
         """torchrun's interpreter imports torch while this host joins and prepares."""
         self.torchrun = Prestarted(self.plan.argv[0], child_environment(self.plan, self.environ))
-
-    def join(self) -> None:
-        """Multi-host: resolve what this host needs, join the side channel, before anything.
-
-        Under the static rendezvous every worker dials only the master (peers learn each
-        other's addresses through its store) and the side channel is the master's too, so a
-        coordinated host waits for the master's name alone, and the master only for the names
-        of hosts that have not joined: no host resolves every name. Under c10d (restarts) each
-        host advertises its own name, so all are waited for (in parallel).
-        """
-        plan = self.plan
-        names = plan.topology.wait_for
-        if plan.coordinated and not plan.max_restarts:
-            names = (plan.master_addr,)
-        if names:
-            network.wait_for_hosts(names, plan.settings.host_wait_timeout)
-        if not plan.coordinated:
-            return
-        if self.key is None:
-            self.key = _key_from_files(self.base, self.environ)
-        if plan.topology.node_rank == 0:
-            self._serve()
-        self._join_side_channel()
-        self._share_machine()
-
-    def _serve(self) -> None:
-        """The master: the side channel for every host, and the names of the hosts that have
-        not joined yet looked up while the others join (a peer whose name never resolves is
-        reported, exit 3; a host that joined needs no name here): N lookups, not N x N."""
-        plan, topology = self.plan, self.plan.topology
-        network.check_port_free(plan.master_port, "master")
-        # only the job's hosts take part: a proven join, from an address of the host it names
-        # (looked up as long as this host waits for names), checked before anything
-        coordinator = self.coordinator = Coordinator(
-            topology.hosts,
-            plan.coordination_port,
-            hang_timeout=plan.settings.hang_timeout,
-            key=self.key or b"",
-            resolve=network.addresses,
-            address_wait=plan.settings.host_wait_timeout,
-        )
-        peers = [h for h in topology.hosts if h != topology.current_host]
-        try:
-            network.wait_for_hosts(
-                peers,
-                plan.settings.host_wait_timeout,
-                resolves=lambda h: coordinator.has_joined(h) or network.name_resolves(h),
-            )
-        except NetworkError as error:
-            self._post_own(error)
-            raise
-
-    def _post_own(self, error: NetworkError) -> None:
-        """The master's own host cannot go on: tell the others through its side channel."""
-        if self.coordinator is not None:
-            what = f"{type(error).__name__}: {error}"
-            here = self.plan.topology.current_host
-            record = RankRecord(host=here, rank=None, returncode=error.exit_code, what=what)
-            self.coordinator.post(record)
-
-    def _join_side_channel(self) -> None:
-        """Join the master's side channel and wait for every host; the master decides who
-        never joined, and a member gives its verdict time to arrive."""
-        plan, topology = self.plan, self.plan.topology
-        member = self.member = Member(
-            topology.current_host,
-            plan.master_addr,
-            plan.coordination_port,
-            machine=plan.boot_id,
-            workers=plan.workers,
-            key=self.key or b"",
-        )
-        timeout = plan.settings.join_timeout
-        master = topology.node_rank == 0
-        try:
-            member.join(timeout, verdict_grace=0.0 if master else JOIN_VERDICT_GRACE)
-        except PeerFailure:
-            raise
-        except NetworkError as error:
-            if member.refused and self.coordinator:  # the master's own host: tell the rest
-                self._post_own(error)
-                raise
-            missing = self.coordinator.missing() if self.coordinator else []
-            if missing and not member.refused:  # refused: its own words say why
-                text = f"host(s) {', '.join(missing)} never joined the job within {timeout:g} s"
-                self.post_failure(
-                    f"{text} (the master {topology.current_host} gave up waiting)",
-                    ExitCode.NETWORK,
-                )
-                raise NetworkError(text) from None
-            raise
-
-    def _share_machine(self) -> None:
-        """Hosts of this job on one machine (SDK local mode) share its cores."""
-        assert self.member is not None
-        hosts, workers = self.member.machine_share()
-        shared = self.plan.sharing_machine(hosts, workers)
-        if shared is not self.plan:
-            self.plan = shared
-            threads = shared.env["OMP_NUM_THREADS"]
-            log(f"OMP_NUM_THREADS={threads.value}: {threads.reason}")
 
     def prepare(self) -> None:
         plan = self.plan
@@ -240,7 +110,7 @@ class Job:
 
     def execute(self, outcome: Outcome) -> int:
         self.prestart()
-        self.join()
+        self.plan = self.session.join()
         self.prepare()
         self.announce_preflight()
         supervisor = self.supervisor()
@@ -250,22 +120,14 @@ class Job:
         return self.report(outcome, ending, supervisor.observed)
 
     def supervisor(self) -> Supervisor:
-        peers_running = None
-        coordinator = self.coordinator
-        if coordinator is not None:  # the master: its torchrun hosts the job's store
-            here = self.plan.topology.current_host
-
-            def peers_running() -> bool:
-                return bool(coordinator.unfinished() - {here})
-
         return Supervisor(
             self.plan,
             self.environ,
             self.run_dir,
-            self.member,
+            self.session.member,
             self.stop,
             self.torchrun,
-            peers_running=peers_running,
+            peers_running=self.session.peers_running(),
         )
 
     def report(self, outcome: Outcome, ending: Ending, run: Observed) -> int:
@@ -277,7 +139,7 @@ class Job:
             self.succeeded = True
             return result.exit_code
         log(f"failed: {result.reason}")
-        self.post_failure(result.reason, result.exit_code)  # unless posted already
+        self.session.post_failure(result.reason, result.exit_code)  # unless posted already
         ranks = {str(rank): record.to_json() for rank, record in sorted(run.results.items())}
         outcome.failure(result.reason, result.details, {"reason": result.reason, "ranks": ranks})
         return result.exit_code
@@ -288,7 +150,7 @@ class Job:
         This host posts its own earliest failure, unless it ended after another host's was
         heard of (then it is likely a consequence), and writes what the master decided. One
         host (or one that lost its master) keeps its own earliest (`_earliest_of_this_host`)."""
-        member = self.member
+        member = self.session.member
         own = [r for r in run.results.values() if r.failed_on_its_own]
         earliest = min(own, key=lambda r: r.began or float("inf"), default=None)
         if member is None or member.lost_master:
@@ -330,39 +192,23 @@ class Job:
         timed_out = ending.kind in (Kind.FAILED, Kind.PEER_FAILED) and is_collective_timeout(record)
         if ending.kind is not Kind.HUNG and not timed_out:
             return ending
-        if self.member is None:
+        member = self.session.member
+        if member is None:
             ranks = culprit.local_ranks(self.run_dir, self.plan.topology.current_host)
             found = culprit.analyse(ranks)
-        elif self.member.lost_master:
+        elif member.lost_master:
             return ending
         else:
-            found = self.member.hang_culprit()
+            found = member.hang_culprit()
         if timed_out:
             return replace(ending, culprit=found)
         what = culprit.explained(record.what or "hung", found)
         return Ending(Kind.HUNG, replace(record, what=what))
 
-    def post_failure(self, what: str, exit_code: int) -> None:
-        """Tell the other hosts why this one cannot go on: a bootstrap error, or the final
-        verdict of a run nothing was posted for yet (torchrun failing before any rank
-        reported, a stop). Posts once; never echoes a failure another host relayed."""
-        if self.member:
-            self.member.post_failure(
-                RankRecord(
-                    host=self.plan.topology.current_host, rank=None, returncode=exit_code, what=what
-                )
-            )
-
     def finish(self) -> None:
         if self.torchrun:  # never launched: the job ended before (a failure, a stop)
             self.torchrun.discard()
-        if self.member:
-            if self.succeeded:
-                self.member.done()
-            self.member.close()
-        if self.coordinator:
-            self.coordinator.wait_finished(60.0 if self.succeeded else 5.0)
-            self.coordinator.close()
+        self.session.close(self.succeeded)
 
 
 def train(cli_args: Sequence[str], stop: Stop, sdk: SdkJob | None = None) -> int:
@@ -381,7 +227,7 @@ def train(cli_args: Sequence[str], stop: Stop, sdk: SdkJob | None = None) -> int
                 DeviceError if plan.gpu_problem else CodeError if plan.program else ConfigError
             )
             raise error_type("; ".join(plan.problems))
-        key = side_channel_key(env) if plan.coordinated else None  # a short secret: exit 2
+        key = session_key(env) if plan.coordinated else b""  # a short secret: exit 2
         log("plan\n" + plan.summary())
         job = Job(plan, environ, base_dir_from(environ), stop, key=key)
         return job.execute(outcome)
@@ -395,12 +241,12 @@ def train(cli_args: Sequence[str], stop: Stop, sdk: SdkJob | None = None) -> int
         log(f"error: {error}")
         outcome.failure(what)
         if job:
-            job.post_failure(what, code)
+            job.session.post_failure(what, code)
         return code
     except BaseException:
         stop.raising = False
         if job:
-            job.post_failure("internal error of container-entry", ExitCode.INTERNAL)
+            job.session.post_failure("internal error of container-entry", ExitCode.INTERNAL)
         raise
     finally:
         stop.after_workers()

@@ -17,10 +17,11 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
-from container_entry import sdk_driver, stopping
-from container_entry.environment import base_dir_from
-from container_entry.logs import log
-from container_entry.outcome import Outcome
+from container_entry.common import stopping
+from container_entry.common.logs import log
+from container_entry.plan import sdk_driver
+from container_entry.plan.environment import base_dir_from
+from container_entry.supervise.outcome import Outcome
 
 STOP_GRACE_DEFAULT = 100.0
 
@@ -28,7 +29,7 @@ STOP_GRACE_DEFAULT = 100.0
 def judged(shell_argv: Sequence[str], environ: Mapping[str, str]) -> sdk_driver.Decision:
     """The SDK's files as they are here, judged; reading never fails (what cannot be read is
     a layout this release does not know, or the plan's to report)."""
-    from container_entry.environment import read_json
+    from container_entry.plan.environment import read_json
 
     base = base_dir_from(environ)
     hyperparameters: dict = {}
@@ -49,7 +50,7 @@ def _number(name: str | None) -> int:
 
 def _grace(environ: Mapping[str, str]) -> float:
     """STOP_GRACE_PERIOD as the settings give it; the default where they cannot be read."""
-    from container_entry import settings
+    from container_entry.plan import settings
 
     with contextlib.suppress(Exception):
         return settings.resolve(environ, {}).stop_grace_period

@@ -90,10 +90,12 @@ def unavailable(message: str) -> None:
 @pytest.fixture(scope="session")
 def docker_engine() -> None:
     if not shutil.which("docker"):
-        unavailable("no docker CLI: run scripts/ensure-docker.sh")
+        unavailable("no docker CLI: run scripts/build/ensure-docker.sh")
     info = subprocess.run(["docker", "info"], capture_output=True, text=True, check=False)
     if info.returncode != 0:
-        unavailable(f"no docker engine ({info.stderr.strip()[-300:]}): scripts/ensure-docker.sh")
+        unavailable(
+            f"no docker engine ({info.stderr.strip()[-300:]}): scripts/build/ensure-docker.sh"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -106,7 +108,7 @@ def docker_client(docker_engine):
 @pytest.fixture(scope="session")
 def standin(docker_engine) -> str:
     with one_builder(STANDIN):
-        subprocess.run([str(REPO / "scripts" / "build-standin.sh"), STANDIN], check=True)
+        subprocess.run([str(REPO / "scripts" / "build" / "build-standin.sh"), STANDIN], check=True)
     return STANDIN
 
 

@@ -1,5 +1,5 @@
-"""Run one of scripts/ as make and scripts/build-standin.sh do: `python -m scripts.<name>` from
-the repository root, output captured, the exit status left to the test."""
+"""Run one of scripts/ as make and scripts/build/build-standin.sh do: `python -m scripts.<name>`
+from the repository root, output captured, the exit status left to the test."""
 
 from __future__ import annotations
 

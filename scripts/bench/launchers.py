@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from scripts.bench.results import HOSTS, Config
-from scripts.local_cluster import Cluster
+from scripts.local.cluster import Cluster
 
 JOB = Path(__file__).with_name("job.py")
 COMMON_ENV = {"ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}

@@ -24,7 +24,7 @@ from scripts.bench import observe
 from scripts.bench.launchers import make_cluster
 from scripts.bench.observe import Event, LogTap
 from scripts.bench.results import HOSTS, Config, Run
-from scripts.local_cluster import Cluster, HostResult
+from scripts.local.cluster import Cluster, HostResult
 
 SKIPPED_TICKS = 3  # arrivals before the tap attached are not latencies
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import docker
 from scripts.bench.results import Machine
-from scripts.local_cluster import Cluster
+from scripts.local.cluster import Cluster
 
 LINE = re.compile(r"BENCH (first|ready|tick)\b(.*?)\bt=([0-9.]+)")
 FIELD = re.compile(r"(\w+)=(\S+)")

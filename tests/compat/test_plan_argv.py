@@ -1,6 +1,6 @@
 """The plan's torchrun command lines against the real argument parser of every supported torch.
 
-`container_entry.torchrun.FLAG_SINCE` must say exactly which releases have each option we pass,
+`container_entry.plan.torchrun.FLAG_SINCE` must say exactly which releases have each option we pass,
 and every command line the plan builds (one host, two hosts, restarts, a torchrun-style cluster,
 the preflight) must parse, on each release, into what the plan meant: torchrun's options with
 their values, then our worker module with no arguments at all. User arguments never reach the
@@ -15,8 +15,8 @@ import json
 
 import pytest
 
-from container_entry import torchrun
-from container_entry.plan import build_plan
+from container_entry.plan import torchrun
+from container_entry.plan.plan import build_plan
 from tests.compat import torch_launchers as tl
 from tests.compat.test_torch_launchers import TORCH_VERSIONS, no_pet_env, parse, parser
 from tests.unit.conftest import NVIDIA_SMI_4, make_env

@@ -180,7 +180,7 @@ def registry(aws_api, tmp_path_factory) -> Iterator[Registry]:
     """A registry whose one account is the user:password inside the ECR API's token."""
     binary = shutil.which("docker-registry")
     if not binary:
-        unavailable("docker-registry (Debian package) missing: scripts/ensure-docker.sh")
+        unavailable("docker-registry (Debian package) missing: scripts/build/ensure-docker.sh")
     import bcrypt
 
     token = aws_api.ecr().get_authorization_token()["authorizationData"][0]
@@ -282,7 +282,7 @@ def push_script(
     *args: str, env: Mapping[str, str], timeout: float = 600
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "push.py"), *args],
+        [sys.executable, str(REPO / "scripts" / "build" / "push.py"), *args],
         cwd=REPO,
         env=dict(env),
         capture_output=True,

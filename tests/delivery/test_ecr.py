@@ -1,4 +1,4 @@
-"""The ECR path of scripts/push.py against moto's server mode as the AWS API.
+"""The ECR path of scripts/build/push.py against moto's server mode as the AWS API.
 
 AWS is the only thing emulated: moto answers the ECR API (CreateRepository,
 GetAuthorizationToken, ...), but its ECR cannot take a docker push, so the docker login and

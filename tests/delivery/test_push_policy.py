@@ -1,5 +1,6 @@
-"""scripts/push.py decisions that need no docker or AWS (most in scripts/push_policy.py): which
-builds push, which tags move, which repository is used, which digest is printed."""
+"""scripts/build/push.py decisions that need no docker or AWS (most in
+scripts/build/push_policy.py): which builds push, which tags move, which repository is used, which
+digest is printed."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from scripts import push, push_policy
+from scripts.build import push, push_policy
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 

@@ -11,7 +11,7 @@ from datetime import datetime
 
 import pytest
 
-from scripts.local_cluster import Cluster
+from scripts.local.cluster import Cluster
 from tests.conftest import EXIT_BOUND
 from tests.docker.conftest import REPO
 

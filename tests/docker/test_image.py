@@ -8,7 +8,7 @@ import re
 import subprocess
 import time
 
-from scripts.local_cluster import Cluster
+from scripts.local.cluster import Cluster
 from tests.docker.conftest import REPO
 
 TRAINER = REPO / "examples" / "hf_trainer_tiny.py"
@@ -261,11 +261,11 @@ def test_container_entry_stacks_in_a_live_container(image, tmp_path):
 def test_the_disk_check_counts_the_stand_in_as_built_only_where_this_checkout_built_it(
     standin, tmp_path
 ):
-    """`make test` and `make demo` check free disk first (scripts/disk_space.py); a fresh
+    """`make test` and `make demo` check free disk first (scripts/build/disk_space.py); a fresh
     clone beside a stand-in image built by another checkout stages 4 GB of wheels again
     (the lock gives it the same image), so it asks for those, not for the built figure and
     not for a whole build."""
-    from scripts.disk_space import Standin, standin_state
+    from scripts.build.disk_space import Standin, standin_state
 
     assert standin_state(REPO, standin) is Standin.BUILT_HERE  # the fixture built it here
     assert standin_state(tmp_path, standin) is Standin.IMAGE_ONLY  # a fresh clone: no record

@@ -7,7 +7,7 @@ import json
 import re
 import time
 
-from scripts.local_cluster import Cluster
+from scripts.local.cluster import Cluster
 from tests.docker.conftest import REPO
 
 
@@ -39,7 +39,8 @@ def test_worker_killed_on_host_two_restarts_both_hosts_and_resumes(image, train_
             time.sleep(0.2)
         assert checkpoint.exists(), "algo-2 wrote no checkpoint"
         container = dict(job.containers)["algo-2"]
-        # the bootstrap is PID 1 in the container: its workers' pid files (container_entry.layout)
+        # the bootstrap is PID 1 in the container: its workers' pid files
+        # (container_entry.common.layout)
         found = container.exec_run(["cat", "/tmp/container-entry/1-job/rank-3.pid"])
         assert found.exit_code == 0, found.output
         pid = json.loads(found.output)["child"]

@@ -2,7 +2,7 @@
 
 The real SDK (requirements/sdk-v3.txt, sagemaker 3.27 / sagemaker-train 1.27) replaces the
 image's entrypoint with `/bin/bash -c ".../sm_train.sh"`; the image's bash hook hands that start
-to our launcher (container_entry/sdk_driver.py). The client runs in its own venv with fake AWS
+to our launcher (container_entry/plan/sdk_driver.py). The client runs in its own venv with fake AWS
 credentials (AWS itself cannot exist here); the containers are the SDK's own docker compose.
 """
 

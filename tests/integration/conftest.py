@@ -91,8 +91,8 @@ def bootstrap_env(tree: MlTree, **extra: str) -> dict[str, str]:
 
 
 def control_dir(bootstrap_pid: int, name: str = "job") -> Path:
-    """Where a running bootstrap keeps its workers' pid files (container_entry.layout)."""
-    from container_entry.layout import CONTROL_ROOT
+    """Where a running bootstrap keeps its workers' pid files (container_entry.common.layout)."""
+    from container_entry.common.layout import CONTROL_ROOT
 
     return CONTROL_ROOT / f"{bootstrap_pid}-{name}"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from container_entry import hyperparameters
+from container_entry.plan import hyperparameters
 from tests.integration.conftest import (
     REPO,
     bootstrap_argv,
@@ -264,7 +264,7 @@ if os.environ.get("RANK") is None:  # the bootstrap, not a worker
 
 def test_an_unexpected_exception_is_one_line_a_failure_file_and_exit_70(tmp_path):
     tree = make_tree(tmp_path, script=ARGV_PROBE)
-    env = probe_env(tree, **_planted(tmp_path, "container_entry.user_code:prepare"))
+    env = probe_env(tree, **_planted(tmp_path, "container_entry.supervise.user_code:prepare"))
     result = run(bootstrap_argv(), env, timeout=120)
     assert result.returncode == 70, result.stderr[-3000:]
     assert "Traceback" not in result.stderr
@@ -276,7 +276,7 @@ def test_an_unexpected_exception_is_one_line_a_failure_file_and_exit_70(tmp_path
 def handles_sigterm(pid: int, timeout: float = 10.0) -> bool:
     """Wait until the process caught SIGTERM (its SigCgt mask): the bootstrap's first act.
     Before it, as PID 1 in a container the kernel drops the signal, and here it kills."""
-    from container_entry.workers import catches
+    from container_entry.common.workers import catches
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

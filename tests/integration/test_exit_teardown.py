@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from container_entry.layout import RunDir
+from container_entry.common.layout import RunDir
 from tests.integration.conftest import REPO, bootstrap_argv, bootstrap_env, make_tree, run
 
 PROBE = REPO / "tests" / "scripts" / "exit_probe.py"

@@ -1,7 +1,7 @@
-"""The GPU check (scripts/gpu_check.py) on gloo: its scenarios keep working on machines without
+"""The GPU check (scripts/gpu/check.py) on gloo: its scenarios keep working on machines without
 a GPU, so the command a GPU host runs has not rotted when one is found.
 
-One run of `python -m scripts.gpu_check --device cpu` for the module (about 40 s), in a private
+One run of `python -m scripts.gpu.check --device cpu` for the module (about 40 s), in a private
 mount namespace whose /etc/hosts resolves algo-1 (the machine's file is untouched); each
 scenario's line is its own test."""
 
@@ -30,7 +30,7 @@ def check(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     hosts.write_text("127.0.0.1 localhost\n127.0.0.1 algo-1\n")
     table = root / "table.md"
     argv = [
-        sys.executable, "-m", "scripts.gpu_check", "--device", "cpu",
+        sys.executable, "-m", "scripts.gpu.check", "--device", "cpu",
         "--only", ",".join(SCENARIOS), "--checkpoint-seconds", str(CHECKPOINT_SECONDS),
         "--work", str(root / "work"), "--markdown", str(table),
     ]  # fmt: skip

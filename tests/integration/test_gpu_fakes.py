@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from container_entry.torch_gpus import check_visible_gpus
+from container_entry.rank.torch_gpus import check_visible_gpus
 from tests.integration.conftest import bootstrap_argv, bootstrap_env, make_tree, run
 
 

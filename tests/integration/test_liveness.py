@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from container_entry.side_channel import HEARTBEAT_INTERVAL, LIVENESS_TIMEOUT
+from container_entry.hosts import HEARTBEAT_INTERVAL, LIVENESS_TIMEOUT
 from tests.integration.conftest import (
     REPO,
     MlTree,

@@ -167,7 +167,7 @@ def test_run_as_main_is_python_running_the_script(tmp_path, name, how):
         (elsewhere / "link.py").symlink_to(script)
         script = elsewhere / "link.py"
     runner = (
-        "import sys; from container_entry.preflight_then_script import run_as_main; "
+        "import sys; from container_entry.rank.preflight_then_script import run_as_main; "
         "run_as_main(sys.argv[1:])"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from container_entry.torchrun_process import Prestarted
+from container_entry.supervise.torchrun_process import Prestarted
 
 ARGV_HEAD = [sys.executable, "-m", "torch.distributed.run"]
 
@@ -97,7 +97,7 @@ def test_it_ends_by_itself_when_the_bootstrap_is_gone(tmp_path):
     env = {"PYTHONPATH": str(fake), "PATH": os.environ["PATH"]}
     script = (
         "import os, sys, time\n"
-        "from container_entry.torchrun_process import Prestarted\n"
+        "from container_entry.supervise.torchrun_process import Prestarted\n"
         f"p = Prestarted(sys.executable, {env!r})\n"
         "print(p.process.pid, flush=True)\n"
         "time.sleep(60)\n"

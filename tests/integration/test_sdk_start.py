@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from container_entry import sdk_driver
+from container_entry.plan import sdk_driver
 from tests.integration.conftest import REPO
 from tests.ports import this_test_port
 

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from container_entry.masking import MASK, encoded_forms
+from container_entry.common.masking import MASK, encoded_forms
 from tests.integration.conftest import bootstrap_argv, bootstrap_env, make_tree, run
 from tests.ports import job_port
 

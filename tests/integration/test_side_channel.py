@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from container_entry.side_channel import LIVENESS_TIMEOUT
+from container_entry.hosts import LIVENESS_TIMEOUT
 from tests.integration.test_liveness import Host, kill_everything, start_host, wait_for
 from tests.ports import job_port
 

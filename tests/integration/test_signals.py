@@ -71,7 +71,7 @@ def test_a_rank_killed_by_any_signal_is_named_recorded_and_exits_128_plus_n(tmp_
 
 
 def catches(pid: int, sig: int) -> bool:
-    from container_entry.workers import catches as caught
+    from container_entry.common.workers import catches as caught
 
     return caught(pid, sig)
 

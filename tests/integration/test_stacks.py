@@ -46,7 +46,7 @@ def test_stacks_of_a_running_job_without_stopping_it(tmp_path):
 
 
 def test_stacks_without_a_running_job_says_so(tmp_path, capsys):
-    from container_entry.stacks import print_live_stacks
+    from container_entry.diagnose.stacks import print_live_stacks
 
     (tmp_path / "999999999-job").mkdir()  # a control folder whose bootstrap is gone
     assert print_live_stacks(tmp_path) == 1

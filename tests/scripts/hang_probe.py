@@ -6,7 +6,7 @@
                     in an all_reduce it never joins
         steady:     every rank prints one line each `--every` seconds for `--seconds`, then ends
         progress:   every rank prints nothing for `--seconds` but reports progress each
-                    `--every` seconds (container_entry.hang.report_progress)
+                    `--every` seconds (container_entry.hang.report_progress, the public API)
         one-talks:  rank `--rank` prints each `--every` seconds for `--seconds`; the others print
                     nothing, waiting in a barrier (one host's output keeps the job alive)
         skip:       after 3 all_reduces, rank `--rank` never enters the 4th (it waits without

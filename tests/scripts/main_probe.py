@@ -69,7 +69,7 @@ def facts():
         "excepthook": sys.excepthook.__module__,
         # not compared: which Python this is (the preflight's own, or a new one)
         "cmdline": open("/proc/self/cmdline", "rb").read().split(b"\0")[:-1],
-        "preflight_ran_here": "container_entry.preflight" in sys.modules,
+        "preflight_ran_here": "container_entry.rank.preflight" in sys.modules,
     }
 
 

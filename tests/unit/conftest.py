@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from container_entry.environment import Environment
+from container_entry.plan.environment import Environment
 
 NVIDIA_SMI_4 = "\n".join(
     f"GPU {i}: NVIDIA A10G (UUID: GPU-0000000{i}-aaaa-bbbb-cccc-dddddddddddd)" for i in range(4)

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from container_entry import cli, settings
-from container_entry.errors import ConfigError, StopRequested
-from container_entry.stopping import STOP_SIGNALS, Stop
+from container_entry import cli
+from container_entry.common.errors import ConfigError, StopRequested
+from container_entry.common.stopping import STOP_SIGNALS, Stop
+from container_entry.plan import settings
 
 
 def test_help_is_the_usage_with_every_setting(capsys):

@@ -1,7 +1,7 @@
 import pytest
 
-from container_entry.cluster import resolve_topology
-from container_entry.errors import ConfigError
+from container_entry.common.errors import ConfigError
+from container_entry.plan.cluster import resolve_topology
 from tests.unit.conftest import make_env
 
 HETERO = {

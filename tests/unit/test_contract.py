@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from container_entry.cluster import Topology
-from container_entry.contract import sm_env
+from container_entry.plan.cluster import Topology
+from container_entry.plan.contract import sm_env
 
 
 def test_sm_variables_as_sagemaker_training_exports_them():

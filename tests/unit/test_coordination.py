@@ -1,10 +1,10 @@
 """The hosts' side channel over real loopback sockets (no processes, no torch).
 
 Liveness runs with short timeouts here (LIVENESS seconds of silence); the bootstrap's own are
-in side_channel/liveness.py (10 s, heartbeats every second). A "killed" host is a raw socket
+in hosts/liveness.py (10 s, heartbeats every second). A "killed" host is a raw socket
 that joins and closes, as the kernel does for a process killed with SIGKILL; a "frozen" one is
 a raw socket that joins and then never says anything again (SIGSTOP, a hung machine, a cut
-network). The pieces of container_entry.side_channel alone: at the end."""
+network). The pieces of container_entry.hosts alone: at the end."""
 
 import contextlib
 import json
@@ -14,11 +14,11 @@ import time
 
 import pytest
 
-from container_entry.errors import NetworkError
-from container_entry.records import PEER_GONE, RankRecord
-from container_entry.side_channel import Coordinator, Member, PeerFailure
-from container_entry.side_channel.keys import join_proof, welcome_proof
-from container_entry.side_channel.liveness import tune
+from container_entry.common.errors import NetworkError
+from container_entry.common.records import PEER_GONE, RankRecord
+from container_entry.hosts import Coordinator, Member, PeerFailure
+from container_entry.hosts.keys import join_proof, welcome_proof
+from container_entry.hosts.liveness import tune
 
 # 1 s, not less: the tests run beside busy jobs (make test runs them in parallel, the CodeBuild
 # harness runs make unit there), and a thread starved for 0.3 s made a member take its master
@@ -751,7 +751,7 @@ def test_a_malformed_message_from_the_master_never_stops_the_member_listening(ca
 
 def test_a_defect_serving_one_connection_touches_no_other(job3, monkeypatch, capsys):
     coordinator, (one, two, three), port = job3
-    from container_entry.side_channel import master
+    from container_entry.hosts import master
 
     real = master.to_master
 
@@ -783,7 +783,7 @@ def test_a_flood_of_strangers_is_logged_a_few_lines_only(job3, capsys):
 
 
 def test_strangers_waiting_to_join_cannot_crowd_out_the_hosts(monkeypatch):
-    from container_entry.side_channel import admission
+    from container_entry.hosts import admission
 
     monkeypatch.setattr(admission, "MAX_UNJOINED", 4)
     port = free_port()
@@ -838,7 +838,7 @@ def sagemaker_facts(host: str, **changes):
 
 
 def key_of(facts) -> bytes:
-    from container_entry.side_channel import job_key
+    from container_entry.hosts import job_key
 
     return job_key(**facts)
 
@@ -857,8 +857,8 @@ def test_every_host_of_a_job_derives_the_same_key_and_another_job_another():
 
 
 def test_a_secret_set_on_every_host_is_the_key_and_must_not_be_short():
-    from container_entry.errors import ConfigError
-    from container_entry.side_channel import job_key
+    from container_entry.common.errors import ConfigError
+    from container_entry.hosts import job_key
 
     secret = {"CONTAINER_ENTRY_JOB_SECRET": "s" * 16}
     one = sagemaker_facts("algo-1", environ__CONTAINER_ENTRY_JOB_SECRET="s" * 16)
@@ -870,7 +870,7 @@ def test_a_secret_set_on_every_host_is_the_key_and_must_not_be_short():
 
 
 def test_a_torchrun_style_cluster_keys_on_its_rendezvous_variables():
-    from container_entry.side_channel import job_key
+    from container_entry.hosts import job_key
 
     node = {"PET_NNODES": "2", "PET_MASTER_ADDR": "job-master-0", "PET_MASTER_PORT": "23456"}
     assert job_key({**node, "PET_NODE_RANK": "0"}, None, {}, {}) == job_key(
@@ -909,13 +909,13 @@ def test_a_proof_binds_the_key_both_challenges_and_the_whole_join():
     ],
 )
 def test_the_address_check(address, resolved, matches):
-    from container_entry.side_channel.addresses import address_matches
+    from container_entry.hosts.addresses import address_matches
 
     assert address_matches(address, resolved) is matches
 
 
 def test_lines_are_found_in_new_data_only_and_none_grows_past_the_limit():
-    from container_entry.side_channel.wire import Invalid, Lines
+    from container_entry.hosts.wire import Invalid, Lines
 
     lines = Lines(16)
     assert lines.feed(b'{"a"') == [] and lines.feed(b':1}\n{"b":2}\n{') == [b'{"a":1}', b'{"b":2}']
@@ -946,7 +946,7 @@ def test_lines_are_found_in_new_data_only_and_none_grows_past_the_limit():
     ],
 )
 def test_parse_refuses_what_is_not_one_json_object(line, why):
-    from container_entry.side_channel.wire import Invalid, parse
+    from container_entry.hosts.wire import Invalid, parse
 
     with pytest.raises(Invalid) as caught:
         parse(line)
@@ -992,8 +992,8 @@ def test_parse_refuses_what_is_not_one_json_object(line, why):
     ],
 )
 def test_every_message_to_the_master_is_checked_against_its_schema(message, why):
-    from container_entry.side_channel.messages import to_master
-    from container_entry.side_channel.wire import Invalid
+    from container_entry.hosts.messages import to_master
+    from container_entry.hosts.wire import Invalid
 
     with pytest.raises(Invalid) as caught:
         to_master(message)
@@ -1001,9 +1001,9 @@ def test_every_message_to_the_master_is_checked_against_its_schema(message, why)
 
 
 def test_a_failure_of_this_host_always_fits_the_schema():
-    from container_entry.side_channel.messages import to_master
-    from container_entry.side_channel.schema import failure_record, fitted
-    from container_entry.side_channel.wire import LINE_LIMIT
+    from container_entry.hosts.messages import to_master
+    from container_entry.hosts.schema import failure_record, fitted
+    from container_entry.hosts.wire import LINE_LIMIT
 
     record = RankRecord(
         host="algo-2",
@@ -1021,8 +1021,9 @@ def test_a_failure_of_this_host_always_fits_the_schema():
 
 
 def test_the_bootstrap_derives_the_key_alike_from_its_environment_and_from_the_files(tmp_path):
-    from container_entry import job, settings
-    from container_entry.plan import build_plan
+    from container_entry.hosts.session import session_key
+    from container_entry.plan import settings
+    from container_entry.plan.plan import build_plan
     from tests.unit.conftest import make_env
 
     facts = {host: sagemaker_facts(host) for host in ("algo-1", "algo-2")}
@@ -1036,18 +1037,8 @@ def test_the_bootstrap_derives_the_key_alike_from_its_environment_and_from_the_f
         )
         for host, f in facts.items()
     }
-    keys = {host: job.side_channel_key(env) for host, env in envs.items()}
+    keys = {host: session_key(env) for host, env in envs.items()}
     assert keys["algo-1"] == keys["algo-2"] == key_of(facts["algo-1"])
-    config = tmp_path / "algo-2" / "input" / "config"
-    config.mkdir(parents=True)
-    for name, field in (
-        ("resourceconfig.json", "resource_config"),
-        ("hyperparameters.json", "hyperparameters"),
-        ("inputdataconfig.json", "input_data_config"),
-    ):
-        (config / name).write_text(json.dumps(facts["algo-2"][field]))
-    from_files = job._key_from_files(tmp_path / "algo-2", facts["algo-2"]["environ"])
-    assert from_files == keys["algo-1"]
     # the secret is no misspelt setting, and is masked like every credential
     secret = {"CONTAINER_ENTRY_JOB_SECRET": "a-long-random-job-secret"}
     assert settings.resolve(secret, {}) == settings.Settings()
@@ -1059,10 +1050,9 @@ def test_the_bootstrap_derives_the_key_alike_from_its_environment_and_from_the_f
 def test_a_master_whose_own_host_is_refused_says_why_and_tells_the_others(monkeypatch, tmp_path):
     import dataclasses
 
-    from container_entry import job, network
-    from container_entry.plan import build_plan
-    from container_entry.side_channel import job_key
-    from container_entry.stopping import Stop
+    from container_entry.hosts import job_key, network
+    from container_entry.hosts.session import Session
+    from container_entry.plan.plan import build_plan
     from tests.unit.conftest import make_env
 
     port = free_port()
@@ -1084,7 +1074,7 @@ def test_a_master_whose_own_host_is_refused_says_why_and_tells_the_others(monkey
     )
     two = Member("algo-2", "127.0.0.1", port + 1, key=job_key({}, None, {}, {}))
     raised = background_join(two, 10)
-    master = job.Job(plan, {}, tmp_path, Stop())
+    master = Session(plan, key=job_key({}, None, {}, {}))
     try:
         with pytest.raises(NetworkError, match=r"refused this host \(not a host of this job: addr"):
             master.join()
@@ -1097,7 +1087,7 @@ def test_a_master_whose_own_host_is_refused_says_why_and_tells_the_others(monkey
         )
     finally:
         two.close()
-        master.finish()
+        master.close(succeeded=False)
 
 
 def test_two_failures_at_once_are_one_story_decided_by_the_ranks_own_end_times():
@@ -1254,12 +1244,12 @@ def test_without_a_measured_clock_arrival_decides_and_a_consequence_is_not_poste
     coordinator.close()
 
 
-# -- each piece alone (container_entry.side_channel) ------------------------------------------
+# -- each piece alone (container_entry.hosts) ------------------------------------------
 
 
 def test_message_kinds_are_their_wire_strings_and_each_direction_checks_its_own():
-    from container_entry.side_channel.messages import to_master, to_member
-    from container_entry.side_channel.wire import Invalid, Kind, encode
+    from container_entry.hosts.messages import to_master, to_member
+    from container_entry.hosts.wire import Invalid, Kind, encode
 
     assert encode({"type": Kind.HELLO, "version": 1}) == b'{"type": "hello", "version": 1}\n'
     assert {k.value for k in Kind} == {
@@ -1278,8 +1268,8 @@ def test_message_kinds_are_their_wire_strings_and_each_direction_checks_its_own(
 
 
 def test_the_handshake_halves_agree_only_on_the_same_key():
-    from container_entry.side_channel.handshake import MemberHandshake, Refusal, hello, proven
-    from container_entry.side_channel.handshake import welcome as welcome_of
+    from container_entry.hosts.handshake import MemberHandshake, Refusal, hello, proven
+    from container_entry.hosts.handshake import welcome as welcome_of
 
     nonce = "cd" * 32
     member = MemberHandshake(KEY, "algo-2", "boot", 4, "algo-1", 29501)
@@ -1302,7 +1292,7 @@ def test_the_handshake_halves_agree_only_on_the_same_key():
 
 
 def test_the_first_failure_is_the_earliest_only_where_both_clocks_are_known():
-    from container_entry.side_channel.decision import CLOCK_TOLERANCE, Change, FirstFailure
+    from container_entry.hosts.decision import CLOCK_TOLERANCE, Change, FirstFailure
 
     decision = FirstFailure()
     later, earlier = {"rank": 3, "ended_at": 100.0}, {"rank": 0, "ended_at": 99.9}
@@ -1315,7 +1305,7 @@ def test_the_first_failure_is_the_earliest_only_where_both_clocks_are_known():
 
 
 def test_the_decision_is_final_once_every_host_settled_or_the_wait_is_over():
-    from container_entry.side_channel.decision import Change, FirstFailure
+    from container_entry.hosts.decision import Change, FirstFailure
 
     decision = FirstFailure(settle_seconds=3.0)
     assert not decision.settle(True, 0.0)  # nothing decided: nothing to make final
@@ -1335,8 +1325,8 @@ def test_the_decision_is_final_once_every_host_settled_or_the_wait_is_over():
 
 
 def test_the_final_word_and_the_settled_word_are_checked_like_every_message():
-    from container_entry.side_channel.messages import to_master, to_member
-    from container_entry.side_channel.wire import Invalid
+    from container_entry.hosts.messages import to_master, to_member
+    from container_entry.hosts.wire import Invalid
 
     failure = {"host": "algo-2", "rank": 3, "returncode": 1}
     assert to_member({"type": "first", "failure": failure, "final": True})["final"] is True
@@ -1369,7 +1359,7 @@ def test_the_final_word_and_the_settled_word_are_checked_like_every_message():
 def test_the_first_failure_is_the_one_that_began_first_whatever_the_order_of_ends(
     culprit, victim, first, arrival
 ):
-    from container_entry.side_channel.decision import FirstFailure
+    from container_entry.hosts.decision import FirstFailure
 
     culprit, victim = {"rank": 3, **culprit}, {"rank": 1, **victim}
     decision = FirstFailure()
@@ -1398,7 +1388,7 @@ def test_a_failure_that_says_a_peer_is_gone_never_comes_before_its_cause(
     gloo closes a timed-out pair in C++ before that rank's Python prints (8 ms, run 31). A
     failure that says a peer is gone counts PEER_LAG later; one that began more than that
     before the other stays first; words that do not say so (the last case) move nothing."""
-    from container_entry.side_channel.decision import FirstFailure
+    from container_entry.hosts.decision import FirstFailure
 
     gone = {"type": "RuntimeError", "message": f"[pair.cc:561] {words} [127.0.0.1]:60321."}
     culprit = {"rank": 1, "failed_at": 100.0, "ended_at": 101.0, "exception": TIMEOUT_ERROR}
@@ -1414,9 +1404,9 @@ def test_a_failure_that_says_a_peer_is_gone_never_comes_before_its_cause(
 
 
 def test_the_master_s_watch_names_the_silent_and_declares_a_hang_only_when_all_are_idle():
-    from container_entry.side_channel.liveness import Liveness
-    from container_entry.side_channel.peer import Peer
-    from container_entry.side_channel.roster import Roster
+    from container_entry.hosts.liveness import Liveness
+    from container_entry.hosts.peer import Peer
+    from container_entry.hosts.roster import Roster
 
     sockets = [socket.socket() for _ in range(2)]
     one, two = (Peer(s, ("10.0.0.1", 1000 + i), 0.0) for i, s in enumerate(sockets))

@@ -1,5 +1,5 @@
-"""Naming a hang's culprit from flight-recorder records (container_entry.culprit), on records
-shaped as torch 2.9 and 2.15 write them (`_dump_fr_trace_json`, `_dump_nccl_trace_json`)."""
+"""Naming a hang's culprit from flight-recorder records (container_entry.diagnose.culprit), on
+records shaped as torch 2.9 and 2.15 write them (`_dump_fr_trace_json`, `_dump_nccl_trace_json`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from container_entry.culprit import Rank, analyse, calls_of, groups_of, ranges
+from container_entry.diagnose.culprit import Rank, analyse, calls_of, groups_of, ranges
 
 T0 = calendar.timegm((2026, 12, 4, 14, 2, 11, 0, 0, 0))
 
@@ -163,7 +163,7 @@ def test_rank_ranges_read_as_people_write_them():
 
 
 def _write_run(tmp_path, dumps):
-    from container_entry.layout import RunDir
+    from container_entry.common.layout import RunDir
 
     run = RunDir(tmp_path / "run")
     run.dumps.mkdir(parents=True)
@@ -175,7 +175,7 @@ def _write_run(tmp_path, dumps):
 def test_a_rank_that_died_of_a_timeout_waited_in_its_last_collective(tmp_path):
     """gloo marks the call that timed out as retired; the rank's dump at its death still says
     where it waited: rank 1, whose live dump stops at #3, is named."""
-    from container_entry.culprit import local_ranks
+    from container_entry.diagnose.culprit import local_ranks
 
     retired = [entry(seq, backend="gloo") for seq in (1, 2, 3, 4)]
     run = _write_run(
@@ -195,7 +195,7 @@ def test_nccl_s_own_timeout_dump_is_read_as_plain_data_and_nothing_else(tmp_path
     loading any class, so a file that names one gives no records instead of running code."""
     import pickle
 
-    from container_entry.culprit import local_ranks
+    from container_entry.diagnose.culprit import local_ranks
 
     run = _write_run(tmp_path, {"rank-1.json": dump([entry(1), entry(2)], world=2)})
     nccl = dump([entry(1), entry(2), entry(3, done=False)], world=2)["recorders"]["nccl"]

@@ -1,4 +1,5 @@
-"""The free-disk check before a build (scripts/disk_space.py), on this machine's real disks."""
+"""The free-disk check before a build (scripts/build/disk_space.py), on this machine's real
+disks."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from scripts.disk_space import (
+from scripts.build.disk_space import (
     AFTER,
     GIB,
     TARGETS,
@@ -26,7 +27,7 @@ def _free(path: Path) -> float:
 
 def _disk_space(*args: str) -> subprocess.CompletedProcess:
     """The check as make runs it, from the repository root."""
-    return run_script_module("disk_space", *args)
+    return run_script_module("build.disk_space", *args)
 
 
 def test_too_little_room_is_one_line_with_what_is_needed_and_free_and_exit_1(tmp_path):
@@ -89,7 +90,7 @@ def test_a_run_needs_what_it_still_has_to_build_and_no_more():
         assert image_only.repo - here.repo >= 4, target  # 4.1 GB of wheels and the Python tree
         assert absent.docker - here.docker >= 20, target  # a 12 GB stage beside an 8 GB image
     assert _total(need("test", Standin.IMAGE_ONLY)) < 19.7  # what stop 33's CI had free
-    # the build's own check (scripts/build-standin.sh, just before docker build) asks for
+    # the build's own check (scripts/build/build-standin.sh, just before docker build) asks for
     # the build's peak whatever state it started from
     assert {need("standin-image", state) for state in Standin} == {Need(repo=0, docker=20)}
     assert set(TARGETS) == {*AFTER, "standin-image"}

@@ -1,5 +1,5 @@
-"""How a run ends (container_entry.ending), without processes: `decide`'s priority order over
-every pair of endings one look can show, and the verdict each ending becomes."""
+"""How a run ends (container_entry.supervise.ending), without processes: `decide`'s priority order
+over every pair of endings one look can show, and the verdict each ending becomes."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import signal
 
 import pytest
 
-from container_entry.ending import Ending, Kind, Observed, Seen, decide, verdict
-from container_entry.exits import ExitCode
-from container_entry.hang import hung_text
-from container_entry.layout import RunDir
-from container_entry.records import RankRecord
+from container_entry.common.exits import ExitCode
+from container_entry.common.layout import RunDir
+from container_entry.common.records import RankRecord
+from container_entry.diagnose.hang import hung_text
+from container_entry.supervise.ending import Ending, Kind, Observed, Seen, decide, verdict
 
 
 def record(**fields) -> RankRecord:
@@ -209,6 +209,6 @@ def test_a_collective_timeout_s_culprit_comes_first_then_the_first_failure(tmp_p
     ids=["gloo", "nccl-watchdog", "relayed-words", "an-exception", "killed"],
 )
 def test_a_collective_timeout_is_told_by_what_the_rank_left(fields, timed_out):
-    from container_entry.failure import is_collective_timeout
+    from container_entry.diagnose.failure import is_collective_timeout
 
     assert is_collective_timeout(record(rank=0, host="algo-1", returncode=1, **fields)) is timed_out

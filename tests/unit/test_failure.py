@@ -1,6 +1,6 @@
-from container_entry.failure import describe_rank, hint, where
-from container_entry.rank_end import parse_exception
-from container_entry.records import RankRecord
+from container_entry.common.records import RankRecord
+from container_entry.diagnose.failure import describe_rank, hint, where
+from container_entry.rank.rank_end import parse_exception
 
 
 def record(**fields) -> RankRecord:

@@ -8,8 +8,8 @@ import os
 import threading
 import time
 
-from container_entry import flight_recorder
-from container_entry.layout import ControlDir, RunDir
+from container_entry.common.layout import ControlDir, RunDir
+from container_entry.diagnose import flight_recorder
 
 
 def reader(path, then=None):

@@ -1,4 +1,4 @@
-"""Every host's flight-recorder records at the master (side_channel.gathering), over real
+"""Every host's flight-recorder records at the master (hosts.gathering), over real
 loopback sockets for the flow and on values for the schema: a hang's culprit named on every
 host from records no single host holds, records of any shape refused without harm, and a line
 that never exceeds the master's limit."""
@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from container_entry.culprit import Call, Rank
-from container_entry.side_channel import Coordinator, Member
-from container_entry.side_channel.gathering import Gathering, fitted, from_wire, to_wire
-from container_entry.side_channel.wire import LINE_LIMIT, Invalid, encode
+from container_entry.diagnose.culprit import Call, Rank
+from container_entry.hosts import Coordinator, Member
+from container_entry.hosts.gathering import Gathering, fitted, from_wire, to_wire
+from container_entry.hosts.wire import LINE_LIMIT, Invalid, encode
 from tests.unit.test_coordination import FAST, free_port, join_all
 
 

@@ -1,4 +1,4 @@
-"""scripts/gpu_benchmark.py's parts that run without a GPU: the precision applied the same way
+"""scripts/gpu/benchmark.py's parts that run without a GPU: the precision applied the same way
 in both variants (CPU autocast with bf16 stands in for CUDA's), the dtype recorded by a forward
 hook, an out-of-memory run kept as a result, the report built from recorded runs, and the files
 a bare GPU host needs to run it by path."""
@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from scripts import gpu_benchmark, gpu_benchmark_report, gpu_benchmark_worker
+from scripts.gpu import benchmark as gpu_benchmark
+from scripts.gpu import benchmark_report as gpu_benchmark_report
+from scripts.gpu import benchmark_worker as gpu_benchmark_worker
 from tests.conftest import REPO
 
 # what ../shared/gpu/prepare.sh copies to a GPU host: the benchmark runs by path from them alone
-BY_PATH = ("gpu_benchmark.py", "gpu_benchmark_worker.py", "gpu_benchmark_report.py", "doc_block.py")
+BY_PATH = ("gpu/benchmark.py", "gpu/benchmark_worker.py", "gpu/benchmark_report.py", "doc_block.py")
 
 
 def tiny():
@@ -174,13 +176,14 @@ def test_report_renders_as_the_snapshot(name, monkeypatch):
 
 
 def test_it_runs_by_path_from_a_folder_of_its_files_only(tmp_path):
-    """`python3 .dev/scripts/gpu_benchmark.py` on a bare GPU host, and each DDP worker (this
+    """`python3 .dev/scripts/gpu/benchmark.py` on a bare GPU host, and each DDP worker (this
     file run by path under torchrun): its siblings, not whatever `scripts` package is around."""
     for name in BY_PATH:
+        (tmp_path / name).parent.mkdir(exist_ok=True)
         shutil.copy(REPO / "scripts" / name, tmp_path / name)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
-        [sys.executable, str(tmp_path / "gpu_benchmark.py"), "--help"],
+        [sys.executable, str(tmp_path / "gpu" / "benchmark.py"), "--help"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -189,12 +192,13 @@ def test_it_runs_by_path_from_a_folder_of_its_files_only(tmp_path):
     )
     assert done.returncode == 0, done.stderr
     assert "--size {medium,small,tiny}" in done.stdout
-    assert {p.name for p in (REPO / "scripts").glob("gpu_benchmark*.py")} <= set(BY_PATH)
+    found = {f"gpu/{p.name}" for p in (REPO / "scripts" / "gpu").glob("benchmark*.py")}
+    assert found <= set(BY_PATH)
 
 
 def test_a_worker_starts_this_file_by_path(tmp_path):
     args = gpu_benchmark.parse(["--device", "cpu", "--steps", "5"])
     command, env = gpu_benchmark.variant_command("dataparallel", args, 2, tmp_path)
-    assert command[:2] == [sys.executable, str(REPO / "scripts" / "gpu_benchmark.py")]
+    assert command[:2] == [sys.executable, str(REPO / "scripts" / "gpu" / "benchmark.py")]
     assert command[2:5] == ["--worker", "--label", "dataparallel"]
     assert "--seq-len 64 " in " ".join(command) and env["CUDA_VISIBLE_DEVICES"] == ""

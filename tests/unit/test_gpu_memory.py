@@ -1,6 +1,7 @@
-"""Who holds a GPU's memory after a CUDA OOM (container_entry.gpu_memory): a fake `nvidia-smi`
-on PATH stands in for the driver of an 8-GPU host (no GPU here); the processes it reports are
-real ones started by the test, announced as ranks the way the worker wrappers announce them."""
+"""Who holds a GPU's memory after a CUDA OOM (container_entry.diagnose.gpu_memory): a fake
+`nvidia-smi` on PATH stands in for the driver of an 8-GPU host (no GPU here); the processes it
+reports are real ones started by the test, announced as ranks the way the worker wrappers announce
+them."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import time
 
 import pytest
 
-from container_entry import gpu_memory
-from container_entry.records import WorkerPids
-from container_entry.workers import children
+from container_entry.common.records import WorkerPids
+from container_entry.common.workers import children
+from container_entry.diagnose import gpu_memory
 
 UUIDS = [f"GPU-{i:08d}-aaaa" for i in range(8)]
 

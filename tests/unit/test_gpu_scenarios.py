@@ -1,12 +1,12 @@
-"""The GPU check's judgement of a planted failure (scripts/gpu_scenarios.py): exit 134 passes
+"""The GPU check's judgement of a planted failure (scripts/gpu/scenarios.py): exit 134 passes
 only where the rank printed the planted traceback and torch then aborted its exit."""
 
 from __future__ import annotations
 
 import pytest
 
-from scripts.gpu_jobs import run_dir
-from scripts.gpu_scenarios import EXIT_ABORT, aborted_at_exit
+from scripts.gpu.jobs import run_dir
+from scripts.gpu.scenarios import EXIT_ABORT, aborted_at_exit
 
 WANTED = "ValueError: planted failure"
 TRACEBACK = f"[rank0]: Traceback (most recent call last):\n[rank0]: {WANTED} after an all_reduce\n"

@@ -5,8 +5,8 @@ machine named beside it, and the fake /proc and /dev trees for the NVIDIA driver
 
 import pytest
 
-from container_entry.gpus import count_gpus, cuda_visible, parse_nvidia_smi, read_driver
-from container_entry.plan import build_plan
+from container_entry.plan.gpus import count_gpus, cuda_visible, parse_nvidia_smi, read_driver
+from container_entry.plan.plan import build_plan
 from tests.unit.conftest import NVIDIA_SMI_4, make_env
 
 # an A100 host (p4d-like) with MIG on GPU 0 (two instances) and GPU 1 whole

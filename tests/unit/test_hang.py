@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from container_entry import settings
-from container_entry.errors import ConfigError
-from container_entry.exits import ExitCode
-from container_entry.hang import (
+from container_entry.common.errors import ConfigError
+from container_entry.common.exits import ExitCode
+from container_entry.common.layout import RunDir
+from container_entry.common.records import RankRecord
+from container_entry.diagnose.hang import (
     AUTO_FLOOR,
     PROGRESS_ENV,
     Activity,
@@ -25,9 +26,8 @@ from container_entry.hang import (
     is_hang,
     report_progress,
 )
-from container_entry.layout import RunDir
-from container_entry.records import RankRecord
-from container_entry.side_channel import Coordinator, Member
+from container_entry.hosts import Coordinator, Member
+from container_entry.plan import settings
 from tests.unit.test_coordination import FAST, free_port, join_all
 
 
@@ -200,7 +200,7 @@ def test_only_the_watchdog_s_own_record_is_a_hang():
 
 
 def test_importing_the_module_has_no_side_effects(tmp_path):
-    code = "import container_entry.hang, os; print(sorted(os.listdir('.')))"
+    code = "import container_entry.diagnose.hang, os; print(sorted(os.listdir('.')))"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
     )

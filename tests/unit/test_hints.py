@@ -1,8 +1,8 @@
 """Failure hints from what a rank kept: its exception, stderr tail and the tail of its log.
 The log texts stand in for what torch, NCCL and DataLoader workers print on a GPU host."""
 
-from container_entry.failure import hint
-from container_entry.records import RankRecord
+from container_entry.common.records import RankRecord
+from container_entry.diagnose.failure import hint
 
 WATCHDOG = (
     "[rank1]:[E1203 07:00:00.000 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective "
@@ -79,7 +79,7 @@ def test_a_full_write_that_names_no_file_is_shared_memory_only_when_shm_is_docke
 ):
     """`handle.write()` to a full /dev/shm raises ENOSPC naming no file. Stands in for the
     container's /dev/shm size (statvfs; the docker test measures the real 64 MiB one)."""
-    from container_entry import failure
+    from container_entry.diagnose import failure
 
     text = "OSError: [Errno 28] No space left on device"
     monkeypatch.setattr(failure, "read_shm_bytes", lambda path="/dev/shm": 64 << 20)

@@ -1,7 +1,7 @@
 import pytest
 
-from container_entry import hyperparameters as hp
-from container_entry.errors import ConfigError
+from container_entry.common.errors import ConfigError
+from container_entry.plan import hyperparameters as hp
 
 # The same user intent as each client encodes it in hyperparameters.json.
 ENCODINGS = {

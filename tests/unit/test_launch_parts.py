@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from container_entry import logs
-from container_entry.ending import Ending, Kind, Observed, verdict
-from container_entry.exits import ExitCode
-from container_entry.hang import PROGRESS_ENV
-from container_entry.layout import CONTROL_ENV, ControlDir, RunDir
-from container_entry.masking import MASK, Masker
-from container_entry.plan import build_plan
-from container_entry.preflight import EXPECTED_GPUS_ENV
-from container_entry.torchrun_output import TorchrunOutput
-from container_entry.torchrun_process import child_environment
-from container_entry.workers import Workers, catches
+from container_entry.common import logs
+from container_entry.common.exits import ExitCode
+from container_entry.common.layout import CONTROL_ENV, ControlDir, RunDir
+from container_entry.common.masking import MASK, Masker
+from container_entry.common.workers import Workers, catches
+from container_entry.diagnose.hang import PROGRESS_ENV
+from container_entry.plan.plan import build_plan
+from container_entry.rank.preflight import EXPECTED_GPUS_ENV
+from container_entry.supervise.ending import Ending, Kind, Observed, verdict
+from container_entry.supervise.torchrun_output import TorchrunOutput
+from container_entry.supervise.torchrun_process import child_environment
 from tests.unit.conftest import make_env
 from tests.unit.test_masking import CORE, TRICKY
 

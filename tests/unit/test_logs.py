@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from container_entry import logs
+from container_entry.common import logs
 
 
 @pytest.fixture(autouse=True)

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from container_entry import logs
-from container_entry.masking import (
+from container_entry.common import logs
+from container_entry.common.masking import (
     MASK,
     MIN_SECRET_LENGTH,
     Masker,
@@ -24,9 +24,9 @@ from container_entry.masking import (
     mask_text,
     secret_values,
 )
-from container_entry.plan import build_plan
-from container_entry.relay import Relay
-from container_entry.torchrun_output import TorchrunOutput
+from container_entry.plan.plan import build_plan
+from container_entry.rank.relay import Relay
+from container_entry.supervise.torchrun_output import TorchrunOutput
 from tests.unit.conftest import make_env
 
 SECRET_NAMES = [

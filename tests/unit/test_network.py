@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from container_entry import job, network
-from container_entry.errors import NetworkError
-from container_entry.plan import build_plan
-from container_entry.stopping import Stop
+from container_entry.common.errors import NetworkError
+from container_entry.hosts import network
+from container_entry.hosts.session import Session
+from container_entry.plan.plan import build_plan
 from tests.unit.conftest import make_env
 
 HOSTS = tuple(f"algo-{i}" for i in range(1, 257))
@@ -119,7 +119,7 @@ def names_waited_for(monkeypatch, tmp_path: Path, hosts, current, **hps) -> tupl
     config = {"current_host": current, "hosts": list(hosts), "network_interface_name": "eth0"}
     plan = build_plan(make_env(resource_config=config, hyperparameters=hps))
     with pytest.raises(Resolved):
-        job.Job(plan, {}, tmp_path, Stop()).join()
+        Session(plan, key=b"").join()
     return waited[0]
 
 

@@ -1,6 +1,7 @@
-"""No child of the bootstrap outlives it (container_entry/offspring.py), however it was started
-and wherever a stop cut in. Each case runs in a Python of its own: `end_all` kills every child
-of the process it runs in, and a pytest worker has children of its own (registries, servers)."""
+"""No child of the bootstrap outlives it (container_entry/common/offspring.py), however it was
+started and wherever a stop cut in. Each case runs in a Python of its own: `end_all` kills every
+child of the process it runs in, and a pytest worker has children of its own (registries,
+servers)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 # the children a bootstrap may hold at its end, one of each kind; the script prints their pids
 _CHILDREN = r"""
 import os, signal, subprocess, sys, time
-from container_entry import offspring
+from container_entry.common import offspring
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(600)"]
 IGNORE_TERM = [sys.executable, "-c",
@@ -76,7 +77,7 @@ def test_end_all_ends_every_child_kind_and_its_group_and_reaps_them():
 
 
 def test_end_all_with_nothing_left_does_nothing():
-    result = python("from container_entry import offspring; print(offspring.end_all())")
+    result = python("from container_entry.common import offspring; print(offspring.end_all())")
     assert result.returncode == 0 and result.stdout.strip() == "[]", result
 
 
@@ -84,7 +85,7 @@ def test_end_all_with_nothing_left_does_nothing():
 # before the workers start) or by its timeout; prints the pids, then what happened
 _HELPER = r"""
 import os, signal, sys, subprocess, threading, time
-from container_entry import offspring
+from container_entry.common import offspring
 
 class Stopped(Exception):
     pass
@@ -132,7 +133,7 @@ def test_a_helper_cut_by_a_stop_or_its_timeout_is_ended_with_its_own_children(tm
 def test_run_answers_as_subprocess_run_does(tmp_path):
     script = "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"
     argv = [sys.executable, "-c", script]
-    from container_entry import offspring
+    from container_entry.common import offspring
 
     ours = offspring.run(argv, capture_output=True, text=True)
     theirs = subprocess.run(argv, capture_output=True, text=True, check=False)

@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from container_entry import preflight
-from container_entry.errors import ConfigError
-from container_entry.plan import build_plan
+from container_entry.common.errors import ConfigError
+from container_entry.plan.plan import build_plan
+from container_entry.rank import preflight
 from tests.unit.conftest import NVIDIA_SMI_4, make_env
 
 TWO_HOSTS = {

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from container_entry import preflight, preflight_checks, preflight_progress, torch_gpus
-from container_entry.exits import ExitCode
-from container_entry.preflight_checks import (
+from container_entry.common.exits import ExitCode
+from container_entry.rank import preflight, preflight_checks, preflight_progress, torch_gpus
+from container_entry.rank.preflight_checks import (
     PreflightError,
     bus_bandwidth,
     exact_operands,
@@ -21,8 +21,8 @@ from container_entry.preflight_checks import (
     ofi_problem,
     print_failure,
 )
-from container_entry.preflight_progress import STAGE_KEY, Progress, laggards
-from container_entry.torch_gpus import describe_probe
+from container_entry.rank.preflight_progress import STAGE_KEY, Progress, laggards
+from container_entry.rank.torch_gpus import describe_probe
 
 
 def stage(name, host, local, at=0.0):
@@ -198,13 +198,13 @@ class _Statvfs:
 
 @pytest.mark.parametrize(("size", "warned"), [(64 << 20, True), (1 << 30, False), (8 << 30, False)])
 def test_the_preflight_warns_about_a_small_dev_shm(monkeypatch, size, warned):
-    from container_entry import shm
+    from container_entry.common import shm
 
     monkeypatch.setattr(shm.os, "statvfs", lambda path: _Statvfs(size))
     line = preflight_checks.shm_line("algo-2")
     if not warned:
         assert line is None
-    else:  # the plan's warning (container_entry.shm), on each host
+    else:  # the plan's warning (container_entry.common.shm), on each host
         assert line == f"preflight warning on algo-2: {shm.warning(size)}"
         assert line.startswith("preflight warning on algo-2: /dev/shm is 64 MiB")
         assert "--shm-size=1g (or more) or --ipc=host" in line
@@ -240,7 +240,7 @@ def test_exit_codes_are_the_containers():
 
 
 def test_a_failure_prints_the_traceback_the_worker_parses(capsys):
-    from container_entry.rank_end import parse_exception
+    from container_entry.rank.rank_end import parse_exception
 
     try:
         raise fail("gpu-count", "algo-1", "the plan counted 8 GPUs, torch sees 0")
@@ -275,7 +275,7 @@ def test_the_probe_is_torchs_view_in_this_process():
 
 
 def test_the_preflight_and_the_probe_are_files_the_plan_and_the_check_run():
-    from container_entry.preflight_then_script import PREFLIGHT_SCRIPT
+    from container_entry.rank.preflight_then_script import PREFLIGHT_SCRIPT
 
     assert Path(preflight.__file__).resolve() == Path(PREFLIGHT_SCRIPT)
     assert Path(torch_gpus.__file__).resolve() == Path(torch_gpus.PROGRAM).resolve()

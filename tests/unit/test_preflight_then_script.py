@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from container_entry.preflight_then_script import PREFLIGHT_SCRIPT, READ_AT_START, shares_python
+from container_entry.rank.preflight_then_script import (
+    PREFLIGHT_SCRIPT,
+    READ_AT_START,
+    shares_python,
+)
 
 
 @pytest.mark.parametrize(

@@ -1,5 +1,5 @@
-"""What a rank's script ended with (container_entry.outcome): its record written on a full disk,
-an entry script that could not start named in one line."""
+"""What a rank's script ended with (container_entry.supervise.outcome): its record written on a
+full disk, an entry script that could not start named in one line."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from container_entry import rank_end
+from container_entry.rank import rank_end
 
 
 def test_a_record_is_written_on_a_full_disk_with_the_reserved_space(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from container_entry.records import Command, RankRecord, WorkerPids, read_json, write_json
+from container_entry.common.records import Command, RankRecord, WorkerPids, read_json, write_json
 
 
 def test_a_record_survives_json_and_the_relay_keeps_only_what_names_the_failure(tmp_path):

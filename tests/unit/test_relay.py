@@ -1,5 +1,5 @@
-"""The worker's line relay (container_entry.relay) and console (container_entry.console) on real
-pipes and files: how bytes
+"""The worker's line relay (container_entry.rank.relay) and console
+(container_entry.common.console) on real pipes and files: how bytes
 become tagged lines, masked, in the log and on the console, whatever the reads cut."""
 
 from __future__ import annotations
@@ -15,11 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from container_entry import console as console_io
-from container_entry import relay as line_relay
-from container_entry.console import Console, atomic_size, console_stderr, locked_write, write_all
-from container_entry.masking import MASK, Masker
-from container_entry.relay import RankLog, Relay
+from container_entry.common import console as console_io
+from container_entry.common.console import (
+    Console,
+    atomic_size,
+    console_stderr,
+    locked_write,
+    write_all,
+)
+from container_entry.common.masking import MASK, Masker
+from container_entry.rank import relay as line_relay
+from container_entry.rank.relay import RankLog, Relay
 
 PREFIX = b"[algo-1 rank 0] "
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)

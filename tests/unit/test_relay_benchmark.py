@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts import relay_benchmark, relay_benchmark_report, relay_benchmark_run
+from scripts.bench import relay as relay_benchmark
+from scripts.bench import relay_report as relay_benchmark_report
+from scripts.bench import relay_run as relay_benchmark_run
 
 
 def test_both_launchers_run_in_containers_of_the_same_image():

@@ -1,5 +1,6 @@
 """The scripts' command lines start: every `python -m scripts.NAME` the Makefile runs, and the
-scripts that also run by path (push.py from the buildspec, gpu_benchmark.py on a GPU host)."""
+scripts that also run by path (build/push.py from the buildspec, gpu/benchmark.py on a GPU
+host)."""
 
 from __future__ import annotations
 
@@ -12,16 +13,16 @@ import pytest
 
 from tests.conftest import REPO
 
-MAKEFILE_MODULES = sorted(set(re.findall(r"-m scripts\.(\w+)", (REPO / "Makefile").read_text())))
-# and gpu_benchmark, which the docs run by path (tests/unit/test_gpu_benchmark.py)
+MAKEFILE_MODULES = sorted(set(re.findall(r"-m scripts\.([\w.]+)", (REPO / "Makefile").read_text())))
+# and gpu.benchmark, which the docs run by path (tests/unit/test_gpu_benchmark.py)
 ARGPARSE_MODULES = [
-    *(m for m in MAKEFILE_MODULES if m not in ("run_local", "local_cluster")),
-    "gpu_benchmark",
+    *(m for m in MAKEFILE_MODULES if m not in ("local.run", "local.cluster")),
+    "gpu.benchmark",
 ]
 
 
 def test_the_makefile_runs_the_benchmarks_and_push():
-    for name in ("relay_benchmark", "bench", "thread_benchmark", "simulate_hosts", "push"):
+    for name in ("bench.relay", "bench", "bench.threads", "simulate.hosts", "build.push"):
         assert name in MAKEFILE_MODULES
 
 
@@ -42,9 +43,13 @@ def test_python_m_runs_the_command_line(name: str) -> None:
 
 @pytest.mark.parametrize("how", ["path", "module"])
 def test_push_runs_by_path_as_the_buildspec_runs_it_and_as_a_module(how: str) -> None:
-    """`python scripts/push.py should-push` (its sibling push_policy.py found by path) and
-    `python -m scripts.push should-push` (make): no ref, so not pushed (exit 1)."""
-    start = [str(REPO / "scripts" / "push.py")] if how == "path" else ["-m", "scripts.push"]
+    """`python scripts/build/push.py should-push` (its sibling push_policy.py found by path) and
+    `python -m scripts.build.push should-push` (make): no ref, so not pushed (exit 1)."""
+    start = (
+        [str(REPO / "scripts" / "build" / "push.py")]
+        if how == "path"
+        else ["-m", "scripts.build.push"]
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CODEBUILD_", "RELEASE_"))}
     if how == "path":
         env.pop("PYTHONPATH", None)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from container_entry import sdk_driver
-from container_entry.errors import ConfigError
-from container_entry.plan import build_plan
-from container_entry.sdk_driver import DriverFiles, SdkJob, Verdict, decide
+from container_entry.common.errors import ConfigError
+from container_entry.plan import sdk_driver
+from container_entry.plan.plan import build_plan
+from container_entry.plan.sdk_driver import DriverFiles, SdkJob, Verdict, decide
 from tests.unit.conftest import NVIDIA_SMI_4, make_env
 
 BASE = Path("/opt/ml")

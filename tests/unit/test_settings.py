@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from container_entry import settings
 from container_entry.cli import usage
-from container_entry.errors import ConfigError
+from container_entry.common.errors import ConfigError
+from container_entry.plan import settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

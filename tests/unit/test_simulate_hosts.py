@@ -1,4 +1,4 @@
-"""The liveness simulation's table (scripts/simulate_hosts.py) from recorded measurements; the
+"""The liveness simulation's table (scripts/simulate/hosts.py) from recorded measurements; the
 runs themselves need root and namespaces (`make bench-liveness`)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 import time
 from pathlib import Path
 
-from scripts import simulate_hosts
-from scripts.simulate_hosts_job import Network, Plan
+from scripts.simulate import hosts as simulate_hosts
+from scripts.simulate.job import Network, Plan
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "simulate-hosts.md"
 

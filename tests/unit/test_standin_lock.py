@@ -1,4 +1,4 @@
-"""The stand-in's lock (scripts/standin_lock.py, docker/standin/constraints.txt): every wheel
+"""The stand-in's lock (scripts/build/standin_lock.py, docker/standin/constraints.txt): every wheel
 pinned, so a fresh clone resolves the very wheels, and so the very image, another checkout
 built. Stop 33's pre-stop clone got idna 3.21 where the checkout had 3.20, and rebuilt the
 8 GB stand-in."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.standin_lock import (
+from scripts.build.standin_lock import (
     LOCK,
     LockError,
     canonical_name,
@@ -105,8 +105,8 @@ def test_an_unreadable_lock_is_one_error_naming_it(tmp_path):
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    """As scripts/build-standin.sh runs it: a module from the repository root."""
-    return run_script_module("standin_lock", *args)
+    """As scripts/build/build-standin.sh runs it: a module from the repository root."""
+    return run_script_module("build.standin_lock", *args)
 
 
 def test_the_check_passes_what_write_wrote_and_stops_a_drifted_wheel_in_one_line(tmp_path):

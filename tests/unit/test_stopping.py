@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from container_entry import stopping
-from container_entry.errors import StopRequested
-from container_entry.stopping import STOP_SIGNALS, Stop
+from container_entry.common import stopping
+from container_entry.common.errors import StopRequested
+from container_entry.common.stopping import STOP_SIGNALS, Stop
 
 
 @pytest.fixture
@@ -147,7 +147,7 @@ def test_a_stop_before_the_workers_start_exits_as_its_signal_would(stop):
 # Run in a fresh Python: every step (each line, each call into C) of record_early is checked.
 _EVERY_STEP_OF_RECORD_EARLY = r"""
 import signal, sys
-from container_entry import stopping
+from container_entry.common import stopping
 
 bad = []
 

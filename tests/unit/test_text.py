@@ -1,7 +1,7 @@
-"""The one policy for odd text and odd signals (container_entry.text, container_entry.exits),
-enumerated over each class rather than shown on one example: every byte that is not UTF-8,
-every control character and line break, unpaired surrogates; every signal number the kernel
-has."""
+"""The one policy for odd text and odd signals (container_entry.common.text,
+container_entry.common.exits), enumerated over each class rather than shown on one example: every
+byte that is not UTF-8, every control character and line break, unpaired surrogates; every signal
+number the kernel has."""
 
 from __future__ import annotations
 
@@ -13,11 +13,16 @@ import sys
 
 import pytest
 
-from container_entry.exits import of_returncode, signal_name, signal_number, stopped_exit_code
-from container_entry.failure import describe_exit
-from container_entry.outcome import Outcome
-from container_entry.records import read_json, write_json
-from container_entry.text import encoded, escaped, printable, quoted
+from container_entry.common.exits import (
+    of_returncode,
+    signal_name,
+    signal_number,
+    stopped_exit_code,
+)
+from container_entry.common.records import read_json, write_json
+from container_entry.common.text import encoded, escaped, printable, quoted
+from container_entry.diagnose.failure import describe_exit
+from container_entry.supervise.outcome import Outcome
 
 # a name holding each: a byte that is not UTF-8 (os.fsdecode's surrogateescape), each control
 # character and line break str.splitlines knows, an unpaired surrogate from JSON ("\ud800")
@@ -66,7 +71,7 @@ def test_the_bootstraps_own_output_is_valid_utf8_whatever_it_names():
         "import os\n"
         "from container_entry import cli\n"
         "cli._safe_output()\n"
-        "from container_entry.logs import log\n"
+        "from container_entry.common.logs import log\n"
         "name = os.fsdecode(b'donn\\xe9es') + '\\ud800'\n"
         "log(name)\n"
         "print(name, flush=True)\n"

@@ -1,9 +1,9 @@
-"""The rules for reading text that several modules share (container_entry/text.py): a value
+"""The rules for reading text that several modules share (container_entry/common/text.py): a value
 that may be JSON, and whether a message already names a host."""
 
 import pytest
 
-from container_entry.text import json_or_raw, names_host
+from container_entry.common.text import json_or_raw, names_host
 
 
 @pytest.mark.parametrize(

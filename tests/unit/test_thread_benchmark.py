@@ -1,4 +1,4 @@
-"""The thread benchmark's page (scripts/thread_benchmark.py) from fake measurements: the page it
+"""The thread benchmark's page (scripts/bench/threads.py) from fake measurements: the page it
 writes, the shared-machine section it keeps, and that section's generated block; the runs
 themselves are `make bench-threads`'s."""
 
@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from scripts import thread_benchmark
+from scripts.bench import threads as thread_benchmark
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "thread-benchmark.md"
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from container_entry import torchrun
-from container_entry.cluster import Topology
-from container_entry.errors import ConfigError
+from container_entry.common.errors import ConfigError
+from container_entry.plan import torchrun
+from container_entry.plan.cluster import Topology
 
 
 @pytest.mark.parametrize(

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from container_entry import user_code
-from container_entry.code_source import Kind
-from container_entry.errors import CodeError
+from container_entry.common.errors import CodeError
+from container_entry.plan.code_source import Kind
+from container_entry.supervise import user_code
 
 
 def archive(tmp_path, *members: tarfile.TarInfo):

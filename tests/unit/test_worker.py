@@ -1,6 +1,6 @@
-"""The rank's wrapper (container_entry.worker) in pieces: how it notes a stop, and that the names
-it hands the script's Python are the ones _site/sitecustomize.py reads. The wrapper as torchrun
-runs it: tests/integration (test_relay, test_signals, test_faults)."""
+"""The rank's wrapper (container_entry.worker, container_entry.rank) in pieces: how it notes a
+stop, and that the names it hands the script's Python are the ones _site/sitecustomize.py reads.
+The wrapper as torchrun runs it: tests/integration (test_relay, test_signals, test_faults)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from container_entry import flight_recorder, worker
-from container_entry.layout import ControlDir
-from container_entry.stopping import STOP_SIGNALS
-from container_entry.worker import Stop
+from container_entry.common.layout import ControlDir
+from container_entry.common.programs import SITE_DIR
+from container_entry.common.stopping import STOP_SIGNALS
+from container_entry.diagnose import flight_recorder
+from container_entry.rank import wrapper
+from container_entry.rank.signals import RankStop as Stop
 
 
 @pytest.fixture
@@ -53,11 +55,11 @@ def test_the_stop_file_is_a_sigterm_for_a_wrapper_torchrun_starts_after_the_stop
 
 
 def test_the_site_hook_reads_the_variables_the_wrapper_sets():
-    site = (Path(worker.SITE_DIR) / "sitecustomize.py").read_text()
+    site = (Path(SITE_DIR) / "sitecustomize.py").read_text()
     for name in (
-        worker.STACKS_ENV,
-        worker.END_GROUPS_ENV,
-        worker.EXITING_ENV,
+        wrapper.STACKS_ENV,
+        wrapper.END_GROUPS_ENV,
+        wrapper.EXITING_ENV,
         flight_recorder.REQUEST_ENV,
         flight_recorder.FILE_ENV,
     ):
@@ -82,4 +84,4 @@ def test_when_the_exit_teardown_began_is_read_or_unknown_never_an_error(tmp_path
     path = tmp_path / "rank-0.exiting"
     if text is not None:
         path.write_bytes(text.encode("latin-1"))
-    assert worker._exiting_at(path) == at
+    assert wrapper._exiting_at(path) == at

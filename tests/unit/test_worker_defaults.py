@@ -1,4 +1,4 @@
-"""The workers' defaults (container_entry/worker_defaults.py) and the facts they come from.
+"""The workers' defaults (container_entry/plan/worker_defaults.py) and the facts they come from.
 
 No GPU, EFA device or DLC image exists here: fake /sys, /proc and /opt trees stand in for
 the machine's device files and the image's aws-ofi-nccl and libfabric installs, and
@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from container_entry import shm
-from container_entry.environment import (
+from container_entry.common import shm
+from container_entry.plan.environment import (
     read_efa_devices,
     read_efa_software,
     read_nccl_conf,
     read_physical_cores,
 )
-from container_entry.plan import build_plan
-from container_entry.worker_defaults import flight_recorder, version_tuple
+from container_entry.plan.plan import build_plan
+from container_entry.plan.worker_defaults import flight_recorder, version_tuple
 from tests.unit.conftest import NVIDIA_SMI_4, make_env
 
 SNAPSHOT = Path(__file__).parent / "snapshots" / "worker-defaults-efa.json"

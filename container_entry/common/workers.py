@@ -1,0 +1,121 @@
+"""This host's worker processes, as the launcher sees and signals them.
+
+torchrun starts each worker wrapper in a session of its own, so each of torchrun's children is a
+worker's process group (the wrapper and its script); each wrapper announces its processes in the
+control folder (`WorkerPids`). From those two sources the launcher signals, asks for stacks and
+kills the workers without torchrun's help.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from container_entry.common.layout import ControlDir
+from container_entry.common.records import WorkerPids
+
+GONE_SECONDS = 5.0  # for killed ranks to be gone before the launcher exits
+
+
+def children(pid: int) -> list[int]:
+    """The live (not yet exited) child processes of `pid`, from /proc."""
+    found: list[int] = []
+    for tasks in Path(f"/proc/{pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError, ValueError):
+            found += [int(child) for child in tasks.read_text().split()]
+    return [child for child in found if not exited(child)]
+
+
+def exited(pid: int) -> bool:
+    """Gone, or a zombie its parent has not reaped yet."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
+def wait_exited(pids: Sequence[int], timeout: float) -> None:
+    """Until every one of `pids` has exited (a SIGKILL is delivered, not yet done, when kill()
+    returns), or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while any(not exited(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` has a handler installed for `sig` (its SigCgt mask in /proc)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+class Workers:
+    """The ranks this host's torchrun started, as their wrappers announced them."""
+
+    def __init__(self, control: ControlDir) -> None:
+        self.control = control
+        self.known: dict[int, WorkerPids] = {}
+
+    def refresh(self) -> dict[int, WorkerPids]:
+        for path in self.control.pid_files():
+            pids = WorkerPids.read(path)
+            if pids is not None:
+                self.known[pids.rank] = pids
+        return self.known
+
+    def signal(self, sig: signal.Signals, ranks: Sequence[int] | None = None) -> None:
+        for rank, pids in self.refresh().items():
+            if ranks is None or rank in ranks:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pids.wrapper, sig)
+
+    def kill(self, torchrun: int) -> None:
+        """SIGKILL every worker group: those announced and torchrun's children (a wrapper
+        killed before it announced itself)."""
+        self.signal(signal.SIGKILL)
+        for wrapper in children(torchrun):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(wrapper, signal.SIGKILL)
+
+    def request_stacks(self) -> dict[int, bool]:
+        """Ask every live rank to write all its threads' Python stacks (faulthandler on SIGUSR2,
+        registered by _site/sitecustomize.py); {rank: whether it was asked}. SIGUSR2's default
+        action ends a process, so a rank without that handler (a shell entry script, a Python
+        still starting) is never sent it."""
+        asked: dict[int, bool] = {}
+        for rank, pids in self.refresh().items():
+            asked[rank] = False
+            if catches(pids.child, signal.SIGUSR2):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pids.child, signal.SIGUSR2)
+                    asked[rank] = True
+        return asked
+
+    def wait_gone(self, timeout: float = GONE_SECONDS) -> None:
+        """Until every known rank process has exited (a SIGKILL is delivered, not yet done,
+        when kill() returns): nothing of the job outlives the launcher. Bounded."""
+        wait_exited([pid for p in self.known.values() for pid in (p.wrapper, p.child)], timeout)
+
+    def capture_stacks(self, wait: float = 0.5) -> None:
+        """Every rank's stacks on disk before it is torn down."""
+        if any(self.request_stacks().values()):
+            time.sleep(wait)
+
+
+def reap_orphans() -> None:
+    """As PID 1 we inherit orphaned processes' zombies; collect them."""
+    if os.getpid() != 1:
+        return
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass

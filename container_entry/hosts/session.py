@@ -1,0 +1,171 @@
+"""This host's part in the job's side channel, from the join to the end: the choreography that
+`job.Job` runs through, over the master's `Coordinator` and this host's `Member`.
+
+The master serves the side channel and looks up the names of the hosts that have not joined;
+every host joins it (or is told why it cannot), learns which hosts share its machine, posts
+why it cannot go on, and at the end says it is done and closes. The key every host derives
+alike from the job's facts (`session_key`) is the one home of that derivation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from container_entry.common.errors import NetworkError
+from container_entry.common.exits import ExitCode
+from container_entry.common.logs import log
+from container_entry.common.records import RankRecord
+from container_entry.hosts import network
+from container_entry.hosts.keys import job_key
+from container_entry.hosts.liveness import JOIN_VERDICT_GRACE
+from container_entry.hosts.master import Coordinator
+from container_entry.hosts.member import Member, PeerFailure
+from container_entry.plan.environment import Environment
+from container_entry.plan.plan import Plan
+
+
+def session_key(env: Environment) -> bytes:
+    """The key every host of this job derives alike for the side channel (hosts.keys)."""
+    return job_key(env.environ, env.resource_config, env.hyperparameters, env.input_data_config)
+
+
+class Session:
+    """The side channel as this host takes part in it: the master's coordinator (on node rank
+    0) and this host's member, once joined."""
+
+    def __init__(self, plan: Plan, key: bytes) -> None:
+        self.plan = plan
+        self.key = key
+        self.coordinator: Coordinator | None = None
+        self.member: Member | None = None
+
+    def join(self) -> Plan:
+        """Multi-host: resolve what this host needs, join the side channel, before anything.
+
+        Under the static rendezvous every worker dials only the master (peers learn each
+        other's addresses through its store) and the side channel is the master's too, so a
+        coordinated host waits for the master's name alone, and the master only for the names
+        of hosts that have not joined: no host resolves every name. Under c10d (restarts) each
+        host advertises its own name, so all are waited for (in parallel). Returns the plan
+        as the join leaves it (hosts of this job that share the machine share its cores).
+        """
+        plan = self.plan
+        names = plan.topology.wait_for
+        if plan.coordinated and not plan.max_restarts:
+            names = (plan.master_addr,)
+        if names:
+            network.wait_for_hosts(names, plan.settings.host_wait_timeout)
+        if not plan.coordinated:
+            return plan
+        if plan.topology.node_rank == 0:
+            self._serve()
+        self._join_side_channel()
+        self._share_machine()
+        return self.plan
+
+    def _serve(self) -> None:
+        """The master: the side channel for every host, and the names of the hosts that have
+        not joined yet looked up while the others join (a peer whose name never resolves is
+        reported, exit 3; a host that joined needs no name here): N lookups, not N x N."""
+        plan, topology = self.plan, self.plan.topology
+        network.check_port_free(plan.master_port, "master")
+        # only the job's hosts take part: a proven join, from an address of the host it names
+        # (looked up as long as this host waits for names), checked before anything
+        coordinator = self.coordinator = Coordinator(
+            topology.hosts,
+            plan.coordination_port,
+            hang_timeout=plan.settings.hang_timeout,
+            key=self.key,
+            resolve=network.addresses,
+            address_wait=plan.settings.host_wait_timeout,
+        )
+        peers = [h for h in topology.hosts if h != topology.current_host]
+        try:
+            network.wait_for_hosts(
+                peers,
+                plan.settings.host_wait_timeout,
+                resolves=lambda h: coordinator.has_joined(h) or network.name_resolves(h),
+            )
+        except NetworkError as error:
+            self._post_own(error)
+            raise
+
+    def _post_own(self, error: NetworkError) -> None:
+        """The master's own host cannot go on: tell the others through its side channel."""
+        if self.coordinator is not None:
+            what = f"{type(error).__name__}: {error}"
+            here = self.plan.topology.current_host
+            record = RankRecord(host=here, rank=None, returncode=error.exit_code, what=what)
+            self.coordinator.post(record)
+
+    def _join_side_channel(self) -> None:
+        """Join the master's side channel and wait for every host; the master decides who
+        never joined, and a member gives its verdict time to arrive."""
+        plan, topology = self.plan, self.plan.topology
+        member = self.member = Member(
+            topology.current_host,
+            plan.master_addr,
+            plan.coordination_port,
+            machine=plan.boot_id,
+            workers=plan.workers,
+            key=self.key,
+        )
+        timeout = plan.settings.join_timeout
+        master = topology.node_rank == 0
+        try:
+            member.join(timeout, verdict_grace=0.0 if master else JOIN_VERDICT_GRACE)
+        except PeerFailure:
+            raise
+        except NetworkError as error:
+            if member.refused and self.coordinator:  # the master's own host: tell the rest
+                self._post_own(error)
+                raise
+            missing = self.coordinator.missing() if self.coordinator else []
+            if missing and not member.refused:  # refused: its own words say why
+                text = f"host(s) {', '.join(missing)} never joined the job within {timeout:g} s"
+                self.post_failure(
+                    f"{text} (the master {topology.current_host} gave up waiting)",
+                    ExitCode.NETWORK,
+                )
+                raise NetworkError(text) from None
+            raise
+
+    def _share_machine(self) -> None:
+        """Hosts of this job on one machine (SDK local mode) share its cores."""
+        assert self.member is not None
+        hosts, workers = self.member.machine_share()
+        shared = self.plan.sharing_machine(hosts, workers)
+        if shared is not self.plan:
+            self.plan = shared
+            threads = shared.env["OMP_NUM_THREADS"]
+            log(f"OMP_NUM_THREADS={threads.value}: {threads.reason}")
+
+    def post_failure(self, what: str, exit_code: int) -> None:
+        """Tell the other hosts why this one cannot go on: a bootstrap error, or the final
+        verdict of a run nothing was posted for yet (torchrun failing before any rank
+        reported, a stop). Posts once; never echoes a failure another host relayed."""
+        if self.member:
+            self.member.post_failure(
+                RankRecord(
+                    host=self.plan.topology.current_host, rank=None, returncode=exit_code, what=what
+                )
+            )
+
+    def peers_running(self) -> Callable[[], bool] | None:
+        """On the master, whose torchrun hosts the job's store: whether another host's workers
+        still run (its store must stay up for them); elsewhere None."""
+        coordinator = self.coordinator
+        if coordinator is None:
+            return None
+        here = self.plan.topology.current_host
+        return lambda: bool(coordinator.unfinished() - {here})
+
+    def close(self, succeeded: bool) -> None:
+        """Done (after a success), then closed; the master waits for the other hosts first."""
+        if self.member:
+            if succeeded:
+                self.member.done()
+            self.member.close()
+        if self.coordinator:
+            self.coordinator.wait_finished(60.0 if succeeded else 5.0)
+            self.coordinator.close()

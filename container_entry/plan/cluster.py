@@ -1,0 +1,168 @@
+"""Where the hosts come from: one small class per cluster source behind one interface.
+
+Each source says whether it applies (`detect`) and, if so, which hosts form the job, which one
+this is and who the master is. Sources are tried in order; the local one always applies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from container_entry.common.errors import ConfigError
+from container_entry.plan.environment import Environment
+
+
+@dataclass(frozen=True)
+class Topology:
+    source: str  # "sagemaker" | "local"
+    hosts: tuple[str, ...]
+    current_host: str
+    node_rank: int
+    master_addr: str
+    network_interface: str | None = None
+    instance_type: str | None = None
+    instance_groups: tuple[dict[str, Any], ...] = ()
+    # host names to wait for before launch, and whether the bootstraps coordinate (they need
+    # every host's name); a torchrun-style cluster only names its master
+    wait_for: tuple[str, ...] = ()
+    coordinated: bool = True
+
+
+class SageMakerCluster:
+    """SageMaker's resourceconfig.json.
+
+    Hosts are sorted and node rank is the index of `current_host`, master the first host, as
+    the incumbent does (loopback on a single host). Heterogeneous clusters: `instance_groups`
+    list their hosts in no particular order; all groups join ONE DDP world, ordered by the
+    sorted union of every host (the top-level `hosts`), so every container computes the same
+    ranks whatever order the groups are listed in. torchrun's static rendezvous accepts a
+    different worker count per host, so a group of 8-GPU hosts and one of 4-GPU hosts simply
+    contribute 8 and 4 workers each.
+    """
+
+    name: ClassVar[str] = "sagemaker"
+
+    @staticmethod
+    def detect(env: Environment) -> bool:
+        return env.resource_config is not None
+
+    @staticmethod
+    def topology(env: Environment) -> Topology:
+        config = env.resource_config or {}
+        where = env.config_dir / "resourceconfig.json"
+        current = config.get("current_host")
+        if not isinstance(current, str) or not current:
+            raise ConfigError(f"{where}: 'current_host' is missing or not a string")
+        groups = config.get("instance_groups") or []
+        if not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
+            raise ConfigError(f"{where}: 'instance_groups' must be a list of objects")
+        group_hosts = [h for g in groups for h in (g.get("hosts") or [])]
+        hosts = config.get("hosts", group_hosts)
+        if (
+            not isinstance(hosts, list)
+            or not hosts
+            or not all(isinstance(h, str) and h for h in hosts)
+        ):
+            raise ConfigError(f"{where}: 'hosts' must be a non-empty list of host names")
+        unknown = sorted(set(group_hosts) - set(hosts))
+        if unknown:
+            raise ConfigError(f"{where}: instance_groups name hosts not in 'hosts': {unknown}")
+        ordered = tuple(sorted(set(hosts)))
+        if current not in ordered:
+            raise ConfigError(f"{where}: current_host {current!r} is not in hosts {list(ordered)}")
+        interface = config.get("network_interface_name")
+        return Topology(
+            source=SageMakerCluster.name,
+            hosts=ordered,
+            current_host=current,
+            node_rank=ordered.index(current),
+            # one host: the rendezvous never leaves it, so no DNS is needed at all
+            master_addr=ordered[0] if len(ordered) > 1 else "127.0.0.1",
+            network_interface=interface if isinstance(interface, str) and interface else None,
+            instance_type=config.get("current_instance_type"),
+            instance_groups=tuple(groups),
+            wait_for=ordered if len(ordered) > 1 else (),
+        )
+
+
+class TorchrunEnvCluster:
+    """Settings torchrun-style clusters already carry (Kubeflow PyTorchJob's PET_*, or the
+    MASTER_ADDR / WORLD_SIZE / RANK of older operators, where they count pods), so the same
+    image runs on Kubernetes. Peers are not named: hosts are node-<rank>, only the master is
+    waited for, and failure relay between hosts is left to torchrun's rendezvous.
+    """
+
+    name: ClassVar[str] = "torchrun-env"
+
+    @staticmethod
+    def detect(env: Environment) -> bool:
+        e = env.environ
+        return env.resource_config is None and (
+            "PET_NNODES" in e
+            or "PET_MASTER_ADDR" in e
+            or ("MASTER_ADDR" in e and "WORLD_SIZE" in e)
+        )
+
+    @staticmethod
+    def topology(env: Environment) -> Topology:
+        e = env.environ
+        nnodes_raw = e.get("PET_NNODES") or e.get("WORLD_SIZE") or "1"
+        rank_raw = e.get("PET_NODE_RANK") or e.get("RANK") or "0"
+        master = e.get("PET_MASTER_ADDR") or e.get("MASTER_ADDR") or "127.0.0.1"
+        try:
+            nnodes = int(nnodes_raw.split(":")[-1])  # elastic "1:4" -> at most 4
+            rank = int(rank_raw)
+        except ValueError:
+            raise ConfigError(
+                f"torchrun-style environment: nnodes {nnodes_raw!r} / node rank {rank_raw!r} "
+                "are not integers"
+            ) from None
+        if not 0 <= rank < nnodes:
+            raise ConfigError(f"torchrun-style environment: node rank {rank} not in [0, {nnodes})")
+        hosts = tuple(f"node-{i}" for i in range(nnodes))
+        return Topology(
+            source=TorchrunEnvCluster.name,
+            hosts=hosts,
+            current_host=hosts[rank],
+            node_rank=rank,
+            master_addr=master,
+            wait_for=(master,) if nnodes > 1 else (),
+            coordinated=False,
+        )
+
+
+class LocalCluster:
+    """A plain `docker run`: one host, this one; the rendezvous stays on loopback."""
+
+    name: ClassVar[str] = "local"
+
+    @staticmethod
+    def detect(env: Environment) -> bool:
+        return True
+
+    @staticmethod
+    def topology(env: Environment) -> Topology:
+        return Topology(
+            source=LocalCluster.name,
+            hosts=(env.hostname,),
+            current_host=env.hostname,
+            node_rank=0,
+            master_addr="127.0.0.1",
+        )
+
+
+SOURCES: Sequence[type[SageMakerCluster] | type[TorchrunEnvCluster] | type[LocalCluster]] = (
+    SageMakerCluster,
+    TorchrunEnvCluster,
+    LocalCluster,
+)
+
+
+def resolve_topology(env: Environment) -> Topology:
+    """The first source that detects itself decides the topology."""
+    for source in SOURCES:
+        if source.detect(env):
+            return source.topology(env)
+    raise AssertionError("LocalCluster always detects")  # pragma: no cover

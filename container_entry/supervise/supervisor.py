@@ -1,0 +1,281 @@
+"""One host's launch, supervised: torchrun handed its command, the run watched, the ranks taken
+down the way its ending needs, and what the run left gathered for the verdict.
+
+launch -> look -> decide (ending.py) -> teardown (teardown.py) -> Observed. Each look reads the
+ranks' records and pid files (only when a folder changed), the master's word and the stop
+signals; `decide` names the ending as soon as there is one, and the teardown for it starts.
+Whatever ends the job, every worker process group is gone when `monitor` returns.
+
+Stop: the bootstrap delivers it on every torch release. torchrun before 2.12 kills the workers
+30 s after its own SIGTERM, less than the 100 s a checkpoint may need (SageMaker kills at 120 s),
+so torchrun never gets the stop: it runs in a process group of its own, the bootstrap writes the
+control folder's stop file (a worker torchrun starts from now on runs nothing), signals every
+worker group itself, and a stopped worker wrapper exits 0 (its record keeps the status), so
+torchrun sees no failure to answer with a second signal or a restart. torchrun keeps running all
+along: it hosts the job's store, which ranks keep polling until they exit (NCCL's heartbeat
+thread; a rank whose store host is frozen never exits, docs/gpu.md). Once every local rank is
+gone (and, on the master, every other host's) torchrun is ended.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+from container_entry.common.layout import ControlDir, RunDir
+from container_entry.common.logs import log
+from container_entry.common.records import Command, RankRecord, read_json, shown_ranks
+from container_entry.common.stopping import Stop
+from container_entry.common.workers import Workers, reap_orphans
+from container_entry.diagnose import culprit, gpu_memory
+from container_entry.diagnose.failure import is_collective_timeout, is_cuda_oom, summarized, words
+from container_entry.diagnose.hang import PROGRESS_ENV, Activity
+from container_entry.hosts import Member
+from container_entry.plan.plan import Plan
+from container_entry.supervise.ending import Ending, Kind, Observed, Seen, decide
+from container_entry.supervise.teardown import Hanging, Stopping, Teardown, Winding
+from container_entry.supervise.torchrun_output import TorchrunOutput
+from container_entry.supervise.torchrun_process import Prestarted, child_environment, spawn
+
+POLL_SECONDS = 0.1
+
+
+class Supervisor:
+    def __init__(
+        self,
+        plan: Plan,
+        environ: Mapping[str, str],
+        run_dir: RunDir,
+        member: Member | None,
+        stop: Stop,
+        prestarted: Prestarted | None = None,
+        peers_running: Callable[[], bool] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.environ = environ
+        self.run_dir = run_dir
+        self.member = member
+        self.stop = stop
+        self.prestarted = prestarted
+        # the master's: whether another host's bootstrap still runs its ranks (this torchrun
+        # hosts the store they may still poll)
+        self.peers_running = peers_running
+        self.settings = plan.settings
+        self.control = ControlDir.create("job")
+        self.workers = Workers(self.control)
+        self.output = TorchrunOutput(f"[{plan.topology.current_host} rank ".encode())
+        # with restarts torchrun retries a failed group itself: only its final exit is a failure
+        self.observed = Observed(torch_version=plan.torch_version, restarts=plan.max_restarts)
+        self.activity: Activity | None = None
+        self.ending: Ending | None = None
+        self._stamps: tuple[int, ...] = ()  # the two folders' change times at the last scan
+        self._scanned = 0.0
+
+    def before_launch(self) -> Ending | None:
+        """A peer failed, or the master went away, while this host prepared."""
+        if self.member is None or not self.member.aborted.is_set():
+            return None
+        self.ending = decide(self.seen(exited=False))
+        return self.ending
+
+    # -- launch ---------------------------------------------------------------------------
+    def launch(self) -> subprocess.Popen:
+        """The script's command line goes to a private file, never through torchrun's parser."""
+        self.run_dir.prepare()
+        Command(
+            argv=tuple(self.plan.command),
+            run_dir=str(self.run_dir.path),
+            preflight=tuple(self.plan.preflight),  # run first in each rank's slot
+            console_ranks=shown_ranks(self.settings.console_ranks),
+            secrets=tuple(self.plan.secrets),
+            console_stderr=self.output.worker_stderr(),
+            group_teardown_seconds=self.settings.group_teardown_timeout,
+            sh_fallback=self.plan.sdk is not None,
+        ).write(self.control.command)
+        self.stop.raising = False
+        timeout = self.settings.hang_timeout  # None: auto, which watches several hosts only
+        if timeout or (timeout is None and self.member):
+            activity = self.activity = Activity(self.run_dir, self._effective(PROGRESS_ENV))
+            if self.member:  # several hosts: the master decides, from every host's idle time
+                self.member.idle = activity.idle if timeout else activity.idle_since_printing
+        env = child_environment(self.plan, self.environ, self.control)
+        if self.prestarted is not None:
+            return self.prestarted.launch(self.plan.argv, env, self.plan.code.code_dir)
+        return spawn(self.plan.argv, env, self.plan.code.code_dir)
+
+    def _effective(self, name: str) -> str | None:
+        """A variable as the workers get it: the user's value, else the plan's."""
+        added = self.plan.env.get(name)
+        return self.environ.get(name, added.value if added else None)
+
+    # -- monitor --------------------------------------------------------------------------
+    def monitor(self, process: subprocess.Popen) -> Ending:
+        """Watch until torchrun exits: decide, tear down, force at the teardown's deadline."""
+        pump = threading.Thread(target=self.output.pump, args=(process,), daemon=True)
+        pump.start()
+        teardown: Teardown | None = None
+        try:
+            with self.stop.wakes_on_child_exit():
+                while process.poll() is None:
+                    now = time.monotonic()
+                    self.look(now)
+                    if teardown is None:
+                        teardown = self.begin(process, now)
+                    elif now >= teardown.deadline:
+                        teardown.force()
+                        break
+                    else:
+                        teardown.step(now)
+                    self.stop.wait(POLL_SECONDS)
+                process.wait()
+        finally:
+            self.clean_up(process, pump)
+        self.observed.returncode = process.returncode
+        self.observed.torchrun_tail = list(self.output.tail)
+        if self.ending is None:  # torchrun exited on its own: its restarts are over
+            self.ending = decide(self.seen(exited=True))
+        assert self.ending is not None  # decide always names an ending once torchrun exited
+        return self.ending
+
+    def look(self, now: float, *, always: bool = False) -> None:
+        """The ranks' records and pid files, read when one may have appeared: each is renamed
+        into its folder, which changes the folder's mtime. That clock is coarse (two files in
+        one tick leave one mtime), so within 2 s of a change, and once a second, read anyway."""
+        try:
+            stamps = tuple(os.stat(p).st_mtime_ns for p in (self.run_dir.path, self.control.path))
+        except OSError:
+            stamps = ()
+        recent = bool(stamps) and time.time_ns() - max(stamps) < 2_000_000_000
+        if always or stamps != self._stamps or not stamps or recent or now - self._scanned >= 1:
+            for path in self.run_dir.records():
+                data = read_json(path)
+                if data and data.get("rank") is not None:
+                    self.observed.results[int(data["rank"])] = RankRecord.from_json(data)
+            self.observed.launched |= set(self.workers.refresh())
+            self._stamps, self._scanned = stamps, now
+
+    def seen(self, *, exited: bool) -> Seen:
+        """What this look shows, for `decide`."""
+        member = self.member
+        failures = [r for r in self.observed.results.values() if r.failed_on_its_own]
+        lost = member.master if member and member.lost_master else None
+        relayed = member.abort if member and member.aborted.is_set() else None
+        alone = self.activity is not None and member is None  # one host: its own watchdog
+        return Seen(
+            stop_signal=self.stop.signal,
+            failures=tuple(failures),
+            restarts=self.plan.max_restarts,
+            exited=exited,
+            returncode=self.observed.returncode,
+            lost_master=lost,
+            relayed=relayed,
+            idle=self.activity.idle() if alone and self.activity else None,
+            hang_timeout=self.settings.hang_timeout or 0.0,  # one host: auto is off
+            host=self.plan.topology.current_host,
+        )
+
+    def begin(self, process: subprocess.Popen, now: float) -> Teardown | None:
+        """The teardown for the ending this look shows, started; None while there is none."""
+        ending = decide(self.seen(exited=False))
+        if ending is None:
+            return None
+        self.ending = ending
+        self.output.quiet = True  # from now on torchrun only acknowledges our signals
+        teardown = self.teardown_for(ending, process)
+        teardown.start(now)
+        return teardown
+
+    def teardown_for(self, ending: Ending, process: subprocess.Popen) -> Teardown:
+        parts = (process, self.workers, self.observed)
+        grace = self.settings.failure_grace_period
+        record = ending.record
+        if ending.kind is Kind.STOPPED:
+            self.observed.stop_signal, self.observed.stop_at = self.stop.signal, self.stop.at
+            grace = self.settings.stop_grace_period
+            return Stopping(*parts, grace, self.control, self.peers_running)
+        if ending.kind is Kind.HUNG:
+            assert record is not None
+            message = f"{record.what}: recording stacks, stopping this host's workers"
+            return Hanging(*parts, grace, message, self.control, self.run_dir, self._sharer())
+        if ending.kind is Kind.FAILED:
+            assert record is not None
+            record = self._with_gpu_memory(record)
+            self.ending = Ending(Kind.FAILED, record)
+            message = (
+                f"rank {record.rank} on {record.host} failed: stopping this host's workers "
+                "and telling the other hosts"
+            )
+            tell = self._teller(record)
+            if is_collective_timeout(record):  # the records name whom it waited for
+                where = (self.control, self.run_dir, self._sharer())
+                return Hanging(*parts, grace, message, *where, tell=tell)
+            return Winding(*parts, grace, message, tell)
+        if ending.kind is Kind.LOST_MASTER:
+            message = f"lost the master host {ending.master}: recording stacks, stopping"
+            return Winding(*parts, grace, message)
+        message = "another host failed: recording stacks, stopping this host's workers"
+        if record is not None and is_collective_timeout(record):
+            return Hanging(*parts, grace, message, self.control, self.run_dir, self._sharer())
+        return Winding(*parts, grace, message)
+
+    def _with_gpu_memory(self, record: RankRecord) -> RankRecord:
+        """A CUDA out-of-memory failure with who holds that GPU's memory, asked now, while
+        the other ranks (and their contexts) still run."""
+        text = "\n".join([str(record.exception or ""), *record.stderr_tail])
+        if not self.plan.num_gpus or not is_cuda_oom(text):
+            return record
+        gpu = gpu_memory.oom_device(text, self._effective("CUDA_VISIBLE_DEVICES"))
+        if gpu is None or record.rank is None:
+            return record
+        try:
+            found = gpu_memory.holders(gpu, self.workers.refresh())
+        except (OSError, subprocess.SubprocessError, ValueError) as error:
+            log(f"could not ask the driver who holds GPU {gpu}'s memory: {error}")
+            return record
+        line = gpu_memory.report(gpu, self.plan.topology.current_host, record.rank, found)
+        words_now = words(record, self.plan.max_restarts)
+        return replace(record, summary=f"{words_now}; {line}")
+
+    def _sharer(self) -> Callable[[], None] | None:
+        """Several hosts: this host's ranks' records to the master, which lines up every
+        host's for the hang's culprit (one host analyses its own: job.py); then its word,
+        before any rank here is ended. Ending them first would end the other hosts' ranks
+        inside the collective (their peers closed the connection, or NCCL aborted) before
+        those hosts had asked them for their records and stacks: the hosts hear the verdict
+        at different moments, and each is as slow as its machine."""
+        member = self.member
+        if member is None:
+            return None
+        host = self.plan.topology.current_host
+
+        def share() -> None:
+            member.post_records(culprit.local_ranks(self.run_dir, host))
+            member.hang_culprit()  # every host's records are in (or the wait is over)
+
+        return share
+
+    def _teller(self, record: RankRecord) -> Callable[[], None] | None:
+        member = self.member
+        if member is None:
+            return None
+        return lambda: member.post_failure(summarized(record, self.plan.max_restarts))
+
+    def clean_up(self, process: subprocess.Popen, pump: threading.Thread) -> None:
+        """Nothing outlives the launcher; the last records read; the control folder gone."""
+        if self.member:
+            self.member.idle = None
+        self.workers.signal(signal.SIGKILL)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        pump.join(timeout=2)
+        self.workers.wait_gone()
+        reap_orphans()
+        self.look(time.monotonic(), always=True)
+        self.control.remove()
+        self.run_dir.tidy()

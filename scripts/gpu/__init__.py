@@ -1,0 +1,1 @@
+"""A bare GPU host: the check (`make gpu-check`) and the GPU benchmark."""
