@@ -62,6 +62,10 @@ class RankRecord:
     # else of its exit teardown (both come before the rank's sockets close, so a peer's error
     # about them begins later even when that peer exits first); None: neither, see ended_at
     failed_at: float | None = None
+    # when the script itself ended (main returned, sys.exit, an uncaught exception), which a
+    # Python script notes as its exit begins; else when its process was gone. A stop after it
+    # ended nothing of the script's
+    script_ended_at: float | None = None
     ended_at: float | None = None
     stderr_tail: list[str] = field(default_factory=list)
     log: str | None = None

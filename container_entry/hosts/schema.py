@@ -109,7 +109,7 @@ def failure_record(value: Any) -> Relayed:
             record[name] = text(item, f"failure {name}", SHORT_CAP)
         elif name in _RECORD_TEXT:
             record[name] = text(item, f"failure {name}", TEXT_CAP)
-        elif name in ("ended_at", "failed_at"):
+        elif name in ("ended_at", "failed_at", "script_ended_at"):
             record[name] = number(item, f"failure {name}", 0, 1e11)
         elif name == "exception":
             record[name] = _exception(item)

@@ -72,13 +72,14 @@ PEERS_DUMP_SECONDS = 2.0  # a dump thread answers in milliseconds; bounded for o
 STACKS_SECONDS = 0.5  # for faulthandler's stacks of this host's other ranks
 STACKS_ENV = "_CONTAINER_ENTRY_STACKS"  # read by _site/sitecustomize.py in the script's Python
 # how long the script's exit may wait for its process groups' teardown (_site/sitecustomize.py),
-# and the file where it notes when it began (the rank's sockets close then, not at its end)
+# and the file where the script notes when it ended (its exit began: the rank's sockets close
+# from then on, before its process ends; a stop after it changes nothing of the script's)
 END_GROUPS_ENV = "_CONTAINER_ENTRY_END_GROUPS"
 EXITING_ENV = "_CONTAINER_ENTRY_EXITING"
 
 
 def _exiting_at(path: Path) -> float | None:
-    """When the script began its exit teardown, which closes its sockets before its process
+    """When the script ended and its exit began, which closes its sockets before its process
     ends: a failure without a traceback (sys.exit(3)) began then, before its peers' errors."""
     try:
         at = float(path.read_text(encoding="ascii"))
@@ -97,9 +98,11 @@ class Ended:
         start_error: dict[str, str] | None = None,
         stderr_tail: Sequence[str] = (),
         failed_at: float | None = None,
+        script_ended_at: float | None = None,
     ) -> None:
         self.status = status
         self.failed_at = failed_at
+        self.script_ended_at = script_ended_at
         self.start_error = start_error
         self.stderr_tail = list(stderr_tail)
         self.stage: str | None = None
@@ -141,10 +144,9 @@ class Wrapper:
         # user's own cannot hide it; ours then runs theirs
         env[STACKS_ENV] = str(self.run_dir.stack(self.rank))
         env.pop(END_GROUPS_ENV, None)
-        env.pop(EXITING_ENV, None)
+        env[EXITING_ENV] = str(self.control.exiting(self.rank))
         if self.command.group_teardown_seconds > 0:
             env[END_GROUPS_ENV] = f"{self.command.group_teardown_seconds:g}"
-            env[EXITING_ENV] = str(self.control.exiting(self.rank))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (SITE_DIR, env.get("PYTHONPATH")) if p)
         with contextlib.suppress(OSError):  # a full disk: no flight-recorder dump for this rank
             env.update(flight_recorder.listen(self.control, self.run_dir, self.rank))
@@ -249,8 +251,11 @@ class Wrapper:
         assert child.stdout is not None and child.stderr is not None
         streams = [child.stdout.fileno(), child.stderr.fileno()]
         status = relay(child, list(zip(streams, relays, strict=True)))
-        began = [at for at in (relays[1].traceback_at, _exiting_at(exiting)) if at is not None]
-        return Ended(status, None, relays[1].tail_lines(), min(began, default=None))
+        gone = time.time()  # the process and its output are done
+        ended = _exiting_at(exiting)  # its script ended before (a Python one says when)
+        began = [at for at in (relays[1].traceback_at, ended) if at is not None]
+        tail = relays[1].tail_lines()
+        return Ended(status, None, tail, min(began, default=None), min(ended or gone, gone))
 
     def _start(self, argv: list[str]) -> subprocess.Popen:
         """The child; a script without a '#!' line under /bin/sh where the job asks for
@@ -285,6 +290,7 @@ class Wrapper:
             stop_requested_at=self.stop.at,
             started_at=self.started,
             failed_at=ended.failed_at if status else None,
+            script_ended_at=ended.script_ended_at,
             ended_at=time.time(),
             stderr_tail=lines[-40:],
             log=str(self.run_dir.log(self.rank)),

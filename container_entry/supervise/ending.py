@@ -143,14 +143,16 @@ def verdict(ending: Ending, run: Observed, host: str, run_dir: RunDir) -> Verdic
 
 
 def finished_before_stop(run: Observed) -> bool:
-    """Every rank had already exited 0 when the stop came (SDK local mode stops the other
-    containers as soon as one exits; torchrun may still sit at its exit barrier): a success."""
+    """Every rank's script had ended before the stop came, and each rank exited with its own
+    status 0 (SDK local mode stops the other containers as soon as one exits; torchrun may
+    still sit at its exit barrier, a rank still in its exit): a success. A stop that reached a
+    script still running is a stopped job, whatever the script then exited with."""
     ranks = [run.results.get(rank) for rank in run.launched]
     return bool(ranks) and all(
         r is not None
         and not r.failed
-        and r.ended_at is not None
-        and r.ended_at <= (run.stop_at or 0)
+        and (r.script_ended_at or r.ended_at) is not None
+        and (r.script_ended_at or r.ended_at or 0) <= (run.stop_at or 0)
         for r in ranks
     )
 

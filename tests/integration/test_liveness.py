@@ -368,10 +368,11 @@ def test_peers_of_a_master_that_gives_up_name_the_host_that_never_joined(
 
 @pytest.mark.parametrize("phase", ["reaching the master", "joining", "launching", "training"])
 def test_a_stop_at_any_phase_of_one_host_s_start_ends_every_host(tmp_path, root_and_unshare, phase):
-    """SIGTERM to algo-2 while it waits to reach the master (0.3 s: the master starts at 1 s),
-    waits in the join for algo-3 (2 s: algo-3 never comes), launches (once every host joined:
-    algo-3 starts at 3 s), trains (once its rank printed): algo-2 exits 143 as a stopped job;
-    the others never hang and name algo-2."""
+    """SIGTERM to algo-2 while it waits to reach the master (once its bootstrap printed its
+    plan, before the master starts), waits in the join for algo-3 (2 s: algo-3 never comes),
+    launches (once every host joined: algo-3 starts at 3 s), trains (once its rank printed):
+    algo-2 exits 143 as a stopped job; the others never hang and name algo-2. (A fixed 0.3 s
+    signalled the test's own `unshare` before it had started the bootstrap, on a busy machine.)"""
     hosts = ("algo-1", "algo-2", "algo-3")
     hosts_file = hosts_file_for(tmp_path, dict.fromkeys(hosts, "127.0.0.1"))
     settings = {
@@ -384,12 +385,17 @@ def test_a_stop_at_any_phase_of_one_host_s_start_ends_every_host(tmp_path, root_
     others: list[Host] = []
     # launching: once every host joined (algo-2 makes its run folder then), not at a fixed
     # time: on a loaded machine algo-3 may join late
-    stop_at = {"reaching the master": 0.3, "joining": 2.0}.get(phase)
+    stop_at = {"joining": 2.0}.get(phase)
 
     def stop_now() -> None:
+        """To the bootstrap itself: not before it runs (it prints its plan first), or the
+        signal ends the test's own `unshare` wrapper."""
+        assert wait_for(lambda: stopped.when("[container-entry] plan"), 60), stopped.stderr()
         stopped.process.send_signal(signal.SIGTERM)
 
     try:
+        if phase == "reaching the master":  # no master yet to reach
+            stop_now()
         # while algo-2 waits in the join, algo-3 never comes; else it starts at 3 s
         later = (("algo-1", 1.0),) if phase == "joining" else (("algo-1", 1.0), ("algo-3", 3.0))
         for name, at in later:

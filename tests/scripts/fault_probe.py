@@ -18,6 +18,7 @@ the last rank's checkpoint outlasted the grace period.
 """
 
 import argparse
+import atexit
 import contextlib
 import ctypes
 import json
@@ -42,6 +43,7 @@ parser.add_argument("--ignore-term", action="store_true")
 parser.add_argument("--poll-store", action="store_true")
 parser.add_argument("--linger-host", default="")  # this host's ranks work on after training
 parser.add_argument("--linger-seconds", type=float, default=0.0)
+parser.add_argument("--exit-seconds", type=float, default=0.0)  # the script's own exit handler
 args, _ = parser.parse_known_args()
 
 out = os.environ["SM_OUTPUT_DATA_DIR"]
@@ -90,6 +92,13 @@ def on_term(signum, _frame):
 
 
 signal.signal(signal.SIGTERM, on_term)
+if args.exit_seconds:  # a slow exit (flushing a logger, closing a tracker): after the script
+
+    def slow_exit() -> None:
+        print(f"exiting rank {rank}", flush=True)
+        time.sleep(args.exit_seconds)
+
+    atexit.register(slow_exit)
 sleeping_through = False
 step = 0
 print(f"started rank {rank} pid {os.getpid()} t={time.time():.3f}", flush=True)

@@ -98,6 +98,31 @@ def test_a_stop_after_every_rank_exited_0_is_a_success(tmp_path):
     assert verdict(Ending(Kind.STOPPED), run, "algo-1", RunDir(tmp_path)).exit_code == 0
 
 
+# (each rank's status, when its script ended, when its record was written; whether the stop at
+# 100.0 found a finished job): the script's end decides, not the process's; the status its own
+STOP_CASES = [
+    ([(0, 99.0, 99.1), (0, 98.0, 98.5)], True),  # both done before the stop
+    ([(0, 99.9, 100.4), (0, 99.0, 99.2)], True),  # one still in its exit at the stop
+    ([(0, None, 99.5), (0, None, 99.0)], True),  # not Python: gone before the stop
+    ([(0, 100.1, 100.2), (0, 99.0, 99.1)], False),  # one script still running at the stop
+    ([(0, None, 100.5), (0, 99.0, 99.1)], False),  # not Python: gone after the stop
+    ([(143, 99.0, 100.3), (0, 99.0, 99.1)], False),  # ended, then exited with a status
+    ([(-15, 99.5, 100.2), (0, 99.0, 99.1)], False),  # killed by the stop in its exit
+    ([(0, 99.0, 99.1)], False),  # a launched rank left no record at all
+]
+
+
+@pytest.mark.parametrize(("ranks", "finished"), STOP_CASES)
+def test_a_stop_after_every_script_ended_with_status_0_is_a_success(tmp_path, ranks, finished):
+    results = {
+        rank: record(rank=rank, returncode=code, script_ended_at=ended, ended_at=gone)
+        for rank, (code, ended, gone) in enumerate(ranks)
+    }
+    run = stopped_run(launched={0, 1}, results=results)
+    result = verdict(STOPPED, run, "algo-1", RunDir(tmp_path))
+    assert result.exit_code == (0 if finished else 143), (ranks, result.reason)
+
+
 def stopped_run(signal_name: str = "SIGTERM", **fields) -> Observed:
     return Observed(stop_signal=signal_name, stop_at=100.0, grace=100.0, returncode=0, **fields)
 

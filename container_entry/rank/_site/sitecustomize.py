@@ -6,6 +6,12 @@ PYTHONPATH), with no change to the user's script:
 - a flight-recorder dump at a death by exception (a collective that timed out raises in the
   rank: its records say which collective it waited in; a rank that exits or is killed is not
   asked then), written at exit beside the requested ones;
+- the script's end noted (main returned, sys.exit, an uncaught exception): from that moment, the
+  first of Python's shutdown (threading's exit callbacks, before atexit's), a stop signal is
+  ignored, so the process exits with the script's own status (the launcher's SIGKILL still
+  ends it after the grace), and the moment is written where the wrapper reads it: a stop
+  that came later ended nothing of the script (a finished job, not a stopped one), and a
+  failure without a traceback (sys.exit(3)) began then, before the sockets its exit closes;
 - the script's process groups ended at its exit, after its own exit handlers and the dump
   above, bounded (the GROUP_TEARDOWN_TIMEOUT setting): torch documents that a program should call
   `destroy_process_group` before it exits, and HF Trainer scripts do not. Left to the
@@ -103,13 +109,39 @@ def _dump_at_death(target: str) -> None:
         _write_dump(target)
 
 
-def _end_groups_at_exit(wait: float, marks: str) -> None:
+def _note_the_end(marks: str) -> None:
+    """At the script's end, the first thing of Python's shutdown: stop signals ignored (the exit
+    status stays the script's own), and the moment written to `marks` for the rank's wrapper."""
+    import threading
+    import time
+
+    pid = os.getpid()
+
+    def ended() -> None:
+        if os.getpid() != pid:  # a forked child's end is not the script's
+            return
+        for name in ("SIGTERM", "SIGINT", "SIGHUP"):
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
+        if marks:
+            with contextlib.suppress(OSError), open(marks, "w", encoding="ascii") as handle:
+                handle.write(repr(time.time()))
+
+    register = getattr(threading, "_register_atexit", None)  # before atexit's, 3.9+
+    if register is None:
+        import atexit
+
+        register = atexit.register
+    with contextlib.suppress(RuntimeError):  # shutdown already began: nothing to note
+        register(ended)
+
+
+def _end_groups_at_exit(wait: float) -> None:
     """destroy_process_group at this process's exit, from a thread started now (Python 3.12
     refuses new threads once its shutdown began) so that a teardown stuck on a peer or a
     pending collective holds the exit `wait` seconds at most, and says so."""
     import atexit
     import threading
-    import time
 
     asked, done, pid = threading.Event(), threading.Event(), os.getpid()
 
@@ -134,16 +166,8 @@ def _end_groups_at_exit(wait: float, marks: str) -> None:
                 return
         except Exception:
             return
-        # The script has ended: a stop now (the launcher's, after a peer failed on the
-        # sockets this closes) must not turn its exit status into a signal, and waits at most
-        # `wait` s; the launcher's SIGKILL still ends it.
-        for name in ("SIGTERM", "SIGINT", "SIGHUP"):
-            with contextlib.suppress(OSError, ValueError):
-                signal.signal(getattr(signal, name), signal.SIG_IGN)
-        if marks:  # the sockets close from here on, before the process ends: the rank's
-            # wrapper times a failure that printed no traceback by this (worker.py)
-            with contextlib.suppress(OSError), open(marks, "w", encoding="ascii") as handle:
-                handle.write(repr(time.time()))
+        # The script has ended (`_note_the_end` ignores a stop from then on): the teardown
+        # waits at most `wait` s; the launcher's SIGKILL still ends it.
         asked.set()
         if not done.wait(wait):
             sys.stderr.write(
@@ -159,9 +183,9 @@ try:
     _end_wait = float(os.environ.pop("_CONTAINER_ENTRY_END_GROUPS", ""))
 except ValueError:
     _end_wait = 0.0
-_exiting = os.environ.pop("_CONTAINER_ENTRY_EXITING", "")
+_note_the_end(os.environ.pop("_CONTAINER_ENTRY_EXITING", ""))
 if _end_wait > 0:
-    _end_groups_at_exit(_end_wait, _exiting)
+    _end_groups_at_exit(_end_wait)
 
 _request = os.environ.pop("_CONTAINER_ENTRY_DUMP_REQUEST", "")
 _target = os.environ.pop("_CONTAINER_ENTRY_DUMP_FILE", "")
