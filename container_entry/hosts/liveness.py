@@ -1,14 +1,19 @@
 """Liveness of the side channel (docs/liveness.md): both ends send a heartbeat every
-`HEARTBEAT_INTERVAL` seconds and watch what they hear. A host whose bootstrap is killed closes
-its connection (the kernel sends the FIN): noticed at once. One that froze or lost the network
-says nothing: noticed once nothing came for `LIVENESS_TIMEOUT` seconds (TCP's user timeout
-ends the connection at the same bound where sent data goes unacknowledged). Bound: a vanished
-host is noticed by every other host within LIVENESS_TIMEOUT + HEARTBEAT_INTERVAL + the relay,
-11-12 s.
+`HEARTBEAT_INTERVAL` seconds and watch what they hear, looking every `CHECK_INTERVAL`. A host
+whose bootstrap is killed closes its connection (the kernel sends the FIN): noticed at once.
+One that froze or lost the network says nothing: noticed once nothing came for
+`LIVENESS_TIMEOUT` seconds (TCP's user timeout ends the connection at the same bound where sent
+data goes unacknowledged). Bound: a vanished host is noticed by every other host within
+LIVENESS_TIMEOUT + CHECK_INTERVAL + the relay, under 6 s; a host frozen for 3 s and resumed
+(its beats held for 3 s and a beat's interval) is not.
 
-Here: the timing, the kernel's part (`tune`), the words for how a connection ended, and the
-master's watch (`Liveness`): who went silent, and the hang watchdog's verdict from the idle
-times the heartbeats carry."""
+A watcher that is itself held up (its process frozen, starved of CPU, swapped out) would find
+every peer silent when it runs again: its silence is counted on its own clock (`Lived`), which
+leaves out whatever a watcher's wait overran by more than a beat's interval.
+
+Here: the timing, the kernel's part (`tune`), the watcher's clock, the words for how a
+connection ended, and the master's watch (`Liveness`): who went silent, and the hang
+watchdog's verdict from the idle times the heartbeats carry."""
 
 from __future__ import annotations
 
@@ -25,10 +30,37 @@ from container_entry.hosts.messages import MemberBeat
 from container_entry.hosts.peer import Peer
 
 HEARTBEAT_INTERVAL = 1.0  # seconds between heartbeats, both ways
-LIVENESS_TIMEOUT = 10.0  # seconds of silence after which a peer is gone
+LIVENESS_TIMEOUT = 5.0  # seconds of silence after which a peer is gone (TorchFT's lighthouse: 5)
+CHECK_INTERVAL = 0.25  # how often each end looks for silence
 # a member waits this much longer than the master for every host to join, so the master's word
 # on which host never joined reaches it before it gives up on its own
 JOIN_VERDICT_GRACE = LIVENESS_TIMEOUT + 5.0
+
+
+class Lived:
+    """A watcher's own time: monotonic, less each overrun of its waits. The watcher looks at
+    least every `slack` seconds when it runs; a longer gap between two looks is time it did not
+    run (its process frozen, starved, swapped out), and its peers' beats waited in the kernel
+    meanwhile: nobody's silence. One thread's clock."""
+
+    def __init__(self, slack: float) -> None:
+        self.slack = slack
+        self.last = time.monotonic()
+        self.excused = 0.0
+
+    def now(self) -> float:
+        real = time.monotonic()
+        gap = real - self.last
+        if gap > self.slack:
+            self.excused += gap - self.slack
+        self.last = real
+        return real - self.excused
+
+
+def watcher_slack(timeout: float) -> float:
+    """The longest a watcher's look may come late before the rest counts as its own stall: a
+    beat's interval, and never more than a fifth of the liveness timeout."""
+    return min(HEARTBEAT_INTERVAL, timeout / 5)
 
 
 def tune(sock: socket.socket, timeout: float) -> None:

@@ -19,10 +19,13 @@ from container_entry.hosts.decision import SETTLE_SECONDS, Change, FirstFailure
 from container_entry.hosts.gathering import Gathering
 from container_entry.hosts.hub import ACCEPT, WAKE, Hub
 from container_entry.hosts.liveness import (
+    CHECK_INTERVAL,
     HEARTBEAT_INTERVAL,
     LIVENESS_TIMEOUT,
+    Lived,
     Liveness,
     vanished_record,
+    watcher_slack,
 )
 from container_entry.hosts.messages import (
     WAITING_NAMES,
@@ -64,6 +67,9 @@ class Coordinator:
     ) -> None:
         self.roster = Roster(hosts)
         self.interval = interval
+        self.check = min(CHECK_INTERVAL, interval)  # how often the loop looks for silence
+        self.clock = Lived(watcher_slack(liveness_timeout))  # the loop's own: peers' `heard`
+        self._beat_at = 0.0  # when the loop last sent heartbeats (monotonic)
         self.quota = Quota()
         self.liveness = Liveness(liveness_timeout, hang_timeout, len(self.roster.hosts))
         self.decision = FirstFailure(settle_seconds)
@@ -146,7 +152,7 @@ class Coordinator:
                         self._defect(data, error)
                 if time.monotonic() >= next_tick:
                     self._tick()
-                    next_tick = time.monotonic() + self.interval
+                    next_tick = time.monotonic() + self.check
         except Exception as error:  # a defect here must not end the job silently
             log(f"internal error of the side channel: {type(error).__name__}: {error}")
         finally:
@@ -155,6 +161,7 @@ class Coordinator:
     def _event(self, data: Any, mask: int) -> None:
         if data == ACCEPT:
             for new in self.hub.accept(time.monotonic()):
+                new.heard = self.clock.now()
                 self.admission.greet(new)
         elif data == WAKE:
             self.hub.woken()
@@ -183,7 +190,7 @@ class Coordinator:
         chunk = self.hub.receive(peer)
         if chunk is None or peer.state is PeerState.CLOSING:  # refused: read only to close
             return
-        peer.heard = time.monotonic()
+        peer.heard = self.clock.now()
         for item in peer.lines.feed(chunk):
             if not peer.open or peer.state is PeerState.CLOSING:  # refused: the rest unread
                 return
@@ -261,9 +268,13 @@ class Coordinator:
 
     # -- every interval ---------------------------------------------------------------------
     def _tick(self) -> None:
-        """Heartbeats out; anyone silent for the liveness timeout is gone; a connection that
-        has not joined in time is refused; the hang watchdog's verdict."""
-        now = time.monotonic()
+        """Every `check`: anyone silent for the liveness timeout (on the loop's own clock) is
+        gone; a connection that has not joined in time is refused; the hang watchdog's verdict.
+        Every `interval`: heartbeats out."""
+        now, lived = time.monotonic(), self.clock.now()
+        beating = now - self._beat_at >= self.interval
+        if beating:
+            self._beat_at = now
         plain = MasterBeat(type=Kind.BEAT)
         beat = plain
         if not self.roster.started:  # who is still missing, for a member that gives up
@@ -276,7 +287,7 @@ class Coordinator:
             if not peer.open:
                 continue
             try:
-                self._tend(peer, now, *beats)
+                self._tend(peer, now, lived, beating, *beats)
             except Exception as error:
                 self._defect(peer, error)
         self._culprit_if_due()
@@ -287,12 +298,14 @@ class Coordinator:
                 log(f"{hung.what}: stopping the job on every host")
                 self.relay_failure(hung.relayed())
 
-    def _tend(self, peer: Peer, now: float, beat: bytes, plain: bytes) -> None:
+    def _tend(
+        self, peer: Peer, now: float, lived: float, beating: bool, beat: bytes, plain: bytes
+    ) -> None:
         if peer.state in (PeerState.NEW, PeerState.CLOSING):
             self.admission.expire(peer, now)
-        elif (silence := self.liveness.silent(peer, now)) is not None:
+        elif (silence := self.liveness.silent(peer, lived)) is not None:
             self._gone(peer, silence)
-        elif peer.outbox:  # a peer that stopped reading gets no pile of beats
+        elif peer.outbox or not beating:  # a peer that stopped reading gets no pile of beats
             pass
         elif peer.state is PeerState.JOINED:
             self.hub.queue(peer, beat)

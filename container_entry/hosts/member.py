@@ -23,11 +23,14 @@ from container_entry.hosts.gathering import CULPRIT_WAIT
 from container_entry.hosts.gathering import fitted as fitted_records
 from container_entry.hosts.handshake import MemberHandshake, Refusal
 from container_entry.hosts.liveness import (
+    CHECK_INTERVAL,
     HEARTBEAT_INTERVAL,
     LIVENESS_TIMEOUT,
+    Lived,
     detail,
     silence,
     tune,
+    watcher_slack,
 )
 from container_entry.hosts.messages import (
     Done,
@@ -112,8 +115,7 @@ class Member:
         gives the master `verdict_grace` seconds more than its own timeout, so the master's
         verdict (which host never joined) arrives before a member gives up on its own."""
         deadline = self._connect(timeout)
-        self.heard = time.monotonic()
-        deadline = max(deadline, self.heard + timeout) + verdict_grace
+        deadline = max(deadline, time.monotonic() + timeout) + verdict_grace
         # the master's hello comes first; the listener answers it with our join
         threading.Thread(target=self._listen, daemon=True, name="side-channel").start()
         while not self.started.is_set():
@@ -150,7 +152,8 @@ class Member:
                 attempt += 1
                 continue
             tune(sock, self.liveness_timeout)
-            sock.settimeout(min(self.interval, 0.5))  # the listener's tick; bounds sends too
+            # the listener's tick: it looks for silence this often; bounds sends too
+            sock.settimeout(min(self.interval, CHECK_INTERVAL))
             self.sock = sock
         return deadline
 
@@ -183,13 +186,15 @@ class Member:
         sock = self.sock
         assert sock is not None
         lines = Lines(MEMBER_LINE_LIMIT)
+        clock = Lived(watcher_slack(self.liveness_timeout))  # this thread's own: `heard`
+        self.heard = clock.now()
         last_sent = time.monotonic()
         reason = "closed"
         while not self.finished and not self.refused:
-            now = time.monotonic()
-            if self._joined and now - last_sent >= self.interval:
+            now = clock.now()
+            if self._joined and time.monotonic() - last_sent >= self.interval:
                 self._send(MemberBeat(type=Kind.BEAT, idle=_idle(self.idle), time=time.time()))
-                last_sent = now
+                last_sent = time.monotonic()
             if now - self.heard > self.liveness_timeout:
                 reason = silence(self.liveness_timeout)
                 break
@@ -205,7 +210,7 @@ class Member:
                 break
             if not chunk:
                 break
-            self.heard = time.monotonic()
+            self.heard = clock.now()
             self._receive(lines.feed(chunk))
         self._stopped_listening(sock, reason)
 

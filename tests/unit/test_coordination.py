@@ -1,7 +1,7 @@
 """The hosts' side channel over real loopback sockets (no processes, no torch).
 
 Liveness runs with short timeouts here (LIVENESS seconds of silence); the bootstrap's own are
-in hosts/liveness.py (10 s, heartbeats every second). A "killed" host is a raw socket
+in hosts/liveness.py (5 s, heartbeats every second). A "killed" host is a raw socket
 that joins and closes, as the kernel does for a process killed with SIGKILL; a "frozen" one is
 a raw socket that joins and then never says anything again (SIGSTOP, a hung machine, a cut
 network). The pieces of container_entry.hosts alone: at the end."""
@@ -1429,3 +1429,30 @@ def test_the_master_s_watch_names_the_silent_and_declares_a_hang_only_when_all_a
     assert roster.unfinished() == set() and roster.all_finished()
     for sock in sockets:
         sock.close()
+
+
+@pytest.mark.parametrize(
+    ("looks", "counted"),
+    [
+        ([0.25] * 8, 2.0),  # a watcher that looks on time: every second counts
+        ([0.25, 3.0, 0.25], 1.5),  # frozen 3 s between two looks: 1 s of it counts
+        ([1.0, 1.0], 2.0),  # late by no more than the slack: all of it counts
+        ([0.25, 10.0, 0.25, 0.25], 1.75),
+        ([5.0, 5.0], 2.0),  # starved on and on: a slack's worth per look
+    ],
+)
+def test_a_watcher_counts_silence_on_its_own_clock(monkeypatch, looks, counted):
+    """Lived: the time between two looks of the watcher counts up to the slack (1 s for the
+    5 s timeout); beyond it, the watcher did not run, and its peers' beats waited meanwhile."""
+    from container_entry.hosts import liveness
+
+    now = [100.0]
+    monkeypatch.setattr(liveness.time, "monotonic", lambda: now[0])
+    clock = liveness.Lived(liveness.watcher_slack(liveness.LIVENESS_TIMEOUT))
+    start = clock.now()
+    for gap in looks:
+        now[0] += gap
+        lived = clock.now()
+    assert lived - start == pytest.approx(counted)
+    assert liveness.watcher_slack(liveness.LIVENESS_TIMEOUT) == 1.0
+    assert liveness.watcher_slack(1.0) == 0.2  # the unit tests' 1 s timeout
