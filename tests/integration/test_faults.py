@@ -336,7 +336,7 @@ def test_a_host_stopped_after_its_ranks_finished_is_a_success_on_both(tmp_path, 
     processes[1].send_signal(signal.SIGTERM)
     returncode, _, err = finish(processes[1], timeout=60)
     assert returncode == 0, err[-3000:]
-    assert time.monotonic() - sent < 3.0
+    assert time.monotonic() - sent < 20.0  # not torchrun's 300 s exit barrier, nor the grace
     assert (trees[1].output / "success").exists()
     returncode, _, err = finish(processes[0], timeout=60)
     assert returncode == 0, err[-3000:]

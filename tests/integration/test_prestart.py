@@ -77,7 +77,7 @@ def test_the_launch_runs_exactly_the_handed_command_line_environment_and_folder(
     assert process.poll() == 0
 
 
-@pytest.mark.parametrize("import_seconds", [0.0, 2.0])
+@pytest.mark.parametrize("import_seconds", [0.0, 8.0])
 def test_no_launch_ends_it_whether_or_not_its_import_finished(tmp_path, import_seconds):
     prestarted = start(fake_launcher(tmp_path, import_seconds=import_seconds))
     process = prestarted.process
@@ -85,7 +85,7 @@ def test_no_launch_ends_it_whether_or_not_its_import_finished(tmp_path, import_s
     time.sleep(0.5)
     began = time.monotonic()
     prestarted.discard()
-    assert time.monotonic() - began < 1.0  # never waits for an import to finish
+    assert time.monotonic() - began < 4.0  # never waits for an import to finish (8 s)
     assert process.returncode in (0, -9)  # 0: it saw EOF itself; -9: killed while importing
     assert gone(process.pid)
 
@@ -121,21 +121,21 @@ def test_a_launcher_that_cannot_be_imported_fails_the_launch_with_its_reason(tmp
     env = {"PATH": os.environ["PATH"], "RECORD": str(tmp_path / "never.json")}
     began = time.monotonic()
     process = prestarted.launch([*ARGV_HEAD, "--nnodes", "1"], env, str(tmp_path))
-    assert time.monotonic() - began < 0.5  # the hand-over never blocks the bootstrap
+    assert time.monotonic() - began < 2.0  # the hand-over never blocks the bootstrap
     assert process.wait(timeout=30) == 1
     assert "planted: torch is broken in this image" in process.stderr.read().decode()
     assert not (tmp_path / "never.json").exists()
 
 
 def test_a_hand_over_bigger_than_a_pipe_does_not_block_while_the_import_runs(tmp_path):
-    fake = fake_launcher(tmp_path, import_seconds=1.0)
+    fake = fake_launcher(tmp_path, import_seconds=4.0)
     prestarted = start(fake)
     record = tmp_path / "record.json"
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(fake), "RECORD": str(record)}
     env |= {f"SM_HP_{i}": "x" * 1000 for i in range(300)}  # 300 KB, a pipe holds 64 KiB
     began = time.monotonic()
     process = prestarted.launch([*ARGV_HEAD, "--standalone"], env, str(tmp_path))
-    assert time.monotonic() - began < 0.5
+    assert time.monotonic() - began < 2.0  # not the 4 s import
     assert process.wait(timeout=30) == 0
     assert json.loads(record.read_text())["env"]["SM_HP_299"] == "x" * 1000
 

@@ -70,12 +70,12 @@ def test_collect_waits_for_each_asked_rank_and_no_longer(tmp_path):
     landed = flight_recorder.collect(control, run, [0, 1], timeout=5.0)
     took = time.monotonic() - started
     assert set(landed) == {0, 1}
-    assert 0.6 <= took < 2.0, took
+    assert 0.6 <= took < 4.0, took  # not the 5 s timeout
 
     reader(control.dump_request(0))  # listens, never answers (its GIL never comes back)
     started = time.monotonic()
     assert flight_recorder.collect(control, run, [0], timeout=0.5) == {}
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 4.0  # its 0.5 s timeout, with the machine busy
 
 
 def test_a_rank_that_can_no_longer_answer_keeps_the_dump_it_wrote_before(tmp_path):

@@ -25,7 +25,7 @@ def test_the_deadline_holds_inside_a_pass_of_256_slow_names():
     with pytest.raises(NetworkError) as caught:
         network.wait_for_hosts(HOSTS, 0.3, resolves=slow_and_unknown, interval=0.1)
     took = time.monotonic() - started
-    assert 0.3 <= took < 0.6, took
+    assert 0.3 <= took < 3.0, took  # one serial pass: 12.8 s
     assert str(caught.value) == (
         "host 'algo-1' did not resolve within 0.3 s (unresolved: algo-1, algo-2, algo-3, "
         "algo-4, algo-5, algo-6, algo-7, algo-8 and 248 more)"
@@ -47,7 +47,7 @@ def test_256_names_resolve_in_parallel_with_a_bounded_number_of_lookups():
 
     started = time.monotonic()
     network.wait_for_hosts(HOSTS, 5.0, resolves=resolves, parallel=32)
-    assert time.monotonic() - started < 1.0  # serially: 5.1 s
+    assert time.monotonic() - started < 3.0  # serially: 5.1 s
     assert most[0] <= 32
 
 
@@ -62,7 +62,7 @@ def test_a_lookup_that_hangs_cannot_hold_the_bootstrap_past_its_timeout():
     started = time.monotonic()
     with pytest.raises(NetworkError, match=r"host 'algo-2' did not resolve within 0.3 s"):
         network.wait_for_hosts(("algo-1", "algo-2", "algo-3"), 0.3, resolves=resolves)
-    assert time.monotonic() - started < 0.6
+    assert time.monotonic() - started < 3.0  # the lookup never returns
     never.set()
 
 

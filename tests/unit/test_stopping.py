@@ -40,7 +40,7 @@ def test_a_stop_ends_the_monitor_s_wait_at_once(stop):
     threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
     started = time.monotonic()
     stop.wait(10)
-    assert time.monotonic() - started < 2 and stop.signal == "SIGINT"
+    assert time.monotonic() - started < 5 and stop.signal == "SIGINT"
 
 
 def test_signals_arriving_inside_every_wait_never_deadlock(stop):
@@ -75,7 +75,7 @@ def test_a_child_exit_ends_the_wait(stop):
         started = time.monotonic()
         stop.wait(10)
         child.wait()
-    assert time.monotonic() - started < 2 and stop.signal is None
+    assert time.monotonic() - started < 5 and stop.signal is None
 
 
 def test_a_stop_after_the_workers_finished_only_says_so(stop, capfd):
