@@ -32,9 +32,10 @@ IMAGE = "container-entry:test"
 LEAN_BASE = "container-entry/lean-base:test"
 LEAN_IMAGE = "container-entry:test-lean"
 # seconds within which a rank that returned from its stop handler is gone, and a bootstrap
-# after its last rank: about 1 s on an idle machine, more with the tests in parallel; far
-# below the grace period a rank held alive (a frozen store) waits out
-EXIT_BOUND = 5.0
+# after its last rank: about 1 s on an idle machine, up to 20 s on one whose every CPU also
+# runs a busy loop beside the parallel tests; far below the grace period (100 s) that a rank
+# held alive (a frozen store) waits out, which is the failure these bounds rule out
+EXIT_BOUND = 25.0
 
 
 def pytest_configure(config: pytest.Config) -> None:

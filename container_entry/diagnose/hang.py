@@ -5,9 +5,11 @@ billing until SageMaker's MaxRuntimeInSeconds.
 What counts as a sign of life on a host: any line a rank printed (its wrapper appends it to
 `<run dir>/logs/rank-N.log`, so that file's mtime is the time of the rank's last line) or a
 touch of the progress file (`CONTAINER_ENTRY_PROGRESS_FILE`, or `report_progress()` below) by
-a script that works quietly. One host decides alone; several hosts send their idle seconds with
-each heartbeat and the master declares the hang only when every host is idle
-(hosts.liveness). Stdlib only, no side effects on import: user scripts import
+a script that works quietly; and, once, the ranks' start (the wrapper's pid file: a fixed
+timeout does not count torchrun's own start-up and its rendezvous with the other hosts as the
+script's silence; the script's start-up, its imports, it does). One host decides alone;
+several hosts send their idle seconds with each heartbeat and the master declares the hang
+only when every host is idle (hosts.liveness). Stdlib only, no side effects on import: user scripts import
 `report_progress` from here.
 
 HANG_TIMEOUT=auto (the default) watches multi-host jobs (`Silence`): once every host's ranks
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from container_entry.common.exits import ExitCode
@@ -62,29 +65,42 @@ def is_hang(record: object) -> bool:
 
 
 class Activity:
-    """When this host's ranks last showed life, from file times only (no wake-up per line)."""
+    """When this host's ranks last showed life, from file times only (no wake-up per line).
+    A rank's start is life too (its wrapper's pid file, written as it starts the script): the
+    silence of a fixed HANG_TIMEOUT counts from the launch, and from the moment the ranks
+    started their scripts once they did, so torchrun's own start-up and its rendezvous with the
+    other hosts are not taken for the script's silence; the script's own start-up is."""
 
-    def __init__(self, run_dir: RunDir, progress: str | None) -> None:
+    def __init__(
+        self,
+        run_dir: RunDir,
+        progress: str | None,
+        started: Callable[[], Sequence[Path]] = tuple,
+    ) -> None:
         self.run_dir = run_dir
         self.progress = progress
-        self.since = time.time()  # the launch: start-up counts as activity
+        self.started = started  # the ranks' pid files (ControlDir.pid_files)
+        self.since = time.time()  # the launch
         self._checked = 0.0
         self._idle = 0.0
         self.printed = False  # a rank printed or reported progress since the launch
 
     def idle(self) -> float:
-        """Seconds since the last line or progress report of any local rank (re-measured at
-        most every CHECK_SECONDS)."""
+        """Seconds since the last line or progress report of any local rank, or since the
+        ranks started (re-measured at most every CHECK_SECONDS)."""
         now = time.time()
         if now - self._checked >= CHECK_SECONDS:
-            latest = self.since
+            latest = started = self.since
             paths: list[Path | str] = [*self.run_dir.rank_logs()]
             paths += [self.progress] if self.progress else []
             for path in paths:
                 with contextlib.suppress(OSError):
                     latest = max(latest, os.stat(path).st_mtime)
+            for path in self.started():
+                with contextlib.suppress(OSError):
+                    started = max(started, os.stat(path).st_mtime)
             self.printed = self.printed or latest > self.since
-            self._checked, self._idle = now, max(0.0, now - latest)
+            self._checked, self._idle = now, max(0.0, now - max(latest, started))
         return self._idle + (now - self._checked)
 
     def idle_since_printing(self) -> float | None:

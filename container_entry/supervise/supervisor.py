@@ -100,7 +100,8 @@ class Supervisor:
         self.stop.raising = False
         timeout = self.settings.hang_timeout  # None: auto, which watches several hosts only
         if timeout or (timeout is None and self.member):
-            activity = self.activity = Activity(self.run_dir, self._effective(PROGRESS_ENV))
+            progress = self._effective(PROGRESS_ENV)
+            activity = self.activity = Activity(self.run_dir, progress, self.control.pid_files)
             if self.member:  # several hosts: the master decides, from every host's idle time
                 self.member.idle = activity.idle if timeout else activity.idle_since_printing
         env = child_environment(self.plan, self.environ, self.control)

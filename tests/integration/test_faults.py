@@ -172,7 +172,7 @@ def test_sigterm_reaches_every_rank_fast_and_a_slow_checkpoint_is_written(tmp_pa
     returncode, _, err = finish(process, timeout=SLOW_CHECKPOINT + 60)
     took = time.time() - sent
     assert returncode == 143, err[-3000:]
-    assert SLOW_CHECKPOINT <= took < SLOW_CHECKPOINT + 20, took
+    assert SLOW_CHECKPOINT <= took < SLOW_CHECKPOINT + 2 * EXIT_BOUND, took  # never the grace
     latencies = [
         float((tree.output / "data" / f"term-rank-{r}.txt").read_text()) - sent for r in (0, 1)
     ]
@@ -274,11 +274,12 @@ def test_a_stop_as_the_ranks_finish_is_a_success_or_a_stop_never_a_failure(tmp_p
 def test_a_stop_while_the_ranks_exit_after_their_scripts_ended_is_a_success(
     tmp_path, request, count
 ):
-    """Every script of the stopped host has ended and its ranks are in their exit (the
-    scripts' own exit handlers take 3 s, as flushing a tracker does): the stop changes nothing
-    of theirs (each exits 0, its own status), so the host exits 0 with a success file; with a
-    second host, that one finishes its job too. Before: 143 (`all 2 local ranks exited
-    within ...`), or the script's SIGTERM handler's own 143 after its end."""
+    """Every script has ended and the ranks are in their exit (the scripts' own exit handlers
+    take 3 s, as flushing a tracker does) when every host is stopped (StopTrainingJob, or SDK
+    local mode stopping the other containers once one exited): the stop changes nothing of
+    theirs (each exits 0, its own status), so every host exits 0 with a success file. Before:
+    143 (`all 2 local ranks exited within ...`), or the script's SIGTERM handler's own 143
+    after its end."""
     hosts = ("algo-1", "algo-2")[:count]
     wrap = None
     if count > 1:
@@ -291,25 +292,22 @@ def test_a_stop_while_the_ranks_exit_after_their_scripts_ended_is_a_success(
     hps = {"steps": "2", "step-seconds": "0.1", "exit-seconds": "3"}
     port = str(job_port())
     processes = [start(t, hps, argv_wrap=wrap, CONTAINER_ENTRY_MASTER_PORT=port) for t in trees]
-    stopped, tree = processes[-1], trees[-1]
-    logs = tree.output / "data" / "container-entry" / "logs"
+    logs = [t.output / "data" / "container-entry" / "logs" for t in trees]
 
     def exiting() -> int:
-        return sum("exiting rank" in p.read_text() for p in logs.glob("rank-*.log"))
+        return sum("exiting rank" in p.read_text() for d in logs for p in d.glob("rank-*.log"))
 
-    assert wait_for(lambda: exiting() == 2, timeout=120)
+    assert wait_for(lambda: exiting() == 2 * count, timeout=120)
     sent = time.time()
-    stopped.send_signal(signal.SIGTERM)
-    returncode, _, err = finish(stopped, timeout=60)
-    assert returncode == 0, err[-3000:]
-    assert (tree.output / "success").exists() and not (tree.output / "failure").exists()
-    records = [json.loads(p.read_text()) for p in logs.parent.glob("rank-*.json")]
-    assert [r["returncode"] for r in records] == [0, 0], records
-    assert all(r["script_ended_at"] < sent < r["ended_at"] for r in records), (sent, records)
-    for process, other in zip(processes[:-1], trees[:-1], strict=True):
+    for process in processes:
+        process.send_signal(signal.SIGTERM)
+    for process, tree, folder in zip(processes, trees, logs, strict=True):
         returncode, _, err = finish(process, timeout=60)
         assert returncode == 0, err[-3000:]
-        assert (other.output / "success").exists()
+        assert (tree.output / "success").exists() and not (tree.output / "failure").exists()
+        records = [json.loads(p.read_text()) for p in folder.parent.glob("rank-*.json")]
+        assert [r["returncode"] for r in records] == [0, 0], records
+        assert all(r["script_ended_at"] < sent < r["ended_at"] for r in records), records
 
 
 def test_a_host_stopped_after_its_ranks_finished_is_a_success_on_both(tmp_path, hosts_file):

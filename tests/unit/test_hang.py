@@ -54,6 +54,29 @@ def test_idle_is_the_silence_since_the_newest_rank_log_or_progress_report(tmp_pa
     assert activity.idle() == pytest.approx(5, abs=1)
 
 
+def test_the_ranks_start_is_life_but_not_output(tmp_path):
+    """A fixed timeout does not count torchrun's own start-up as the script's silence: the
+    ranks' pid files (written as each wrapper starts its script) count as life; they are no
+    output for `auto`, which waits for a printed line."""
+    (tmp_path / "logs").mkdir()
+    control = tmp_path / "control"
+    control.mkdir()
+    activity = Activity(RunDir(tmp_path), None, lambda: sorted(control.glob("rank-*.pid")))
+    activity.since -= 100  # torchrun took long to start the ranks
+    assert activity.idle() == pytest.approx(100, abs=1)
+    (control / "rank-0.pid").write_text("{}")
+    _age(control / "rank-0.pid", 20)
+    activity._checked = 0.0
+    assert activity.idle() == pytest.approx(20, abs=1)
+    assert activity.idle_since_printing() is None  # started, not printed
+    log = tmp_path / "logs" / "rank-0.log"
+    log.write_text("line\n")
+    _age(log, 30)  # a line older than the start: the start is the newer sign of life
+    activity._checked = 0.0
+    assert activity.idle() == pytest.approx(20, abs=1)
+    assert activity.idle_since_printing() == pytest.approx(20, abs=1)
+
+
 def test_files_of_a_previous_run_do_not_count_before_the_launch(tmp_path):
     (tmp_path / "logs").mkdir()
     stale = tmp_path / "logs" / "rank-0.log"
