@@ -9,8 +9,8 @@ a script that works quietly; and, once, the ranks' start (the wrapper's pid file
 timeout does not count torchrun's own start-up and its rendezvous with the other hosts as the
 script's silence; the script's start-up, its imports, it does). One host decides alone;
 several hosts send their idle seconds with each heartbeat and the master declares the hang
-only when every host is idle (hosts.liveness). Stdlib only, no side effects on import: user scripts import
-`report_progress` from here.
+only when every host is idle (hosts.liveness). Stdlib only, no side effects on import: user
+scripts import `report_progress` from here (through `container_entry.hang`).
 
 HANG_TIMEOUT=auto (the default) watches multi-host jobs (`Silence`): once every host's ranks
 printed (start-up, a model download, is never a hang), the job is hung when it has been silent
