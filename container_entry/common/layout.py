@@ -171,6 +171,16 @@ class ControlDir:
         """When the rank's script began its exit teardown (_site/sitecustomize.py)."""
         return self.path / f"rank-{rank}.exiting"
 
+    @property
+    def torchrun_ready(self) -> Path:
+        """Touched by the prestarted torchrun once its import is done and the launch came
+        (supervise/_torchrun_main.py): its start-up is no script's silence (diagnose/hang.py)."""
+        return self.path / "torchrun.ready"
+
+    def started(self) -> list[Path]:
+        """What marks this launch's start-up as done: torchrun ready, each rank's pid file."""
+        return [self.torchrun_ready, *self.pid_files()]
+
     def pid_files(self) -> list[Path]:
         return sorted(self.path.glob("rank-*.pid"))
 

@@ -5,9 +5,9 @@ billing until SageMaker's MaxRuntimeInSeconds.
 What counts as a sign of life on a host: any line a rank printed (its wrapper appends it to
 `<run dir>/logs/rank-N.log`, so that file's mtime is the time of the rank's last line) or a
 touch of the progress file (`CONTAINER_ENTRY_PROGRESS_FILE`, or `report_progress()` below) by
-a script that works quietly; and, once, the ranks' start (the wrapper's pid file: a fixed
-timeout does not count torchrun's own start-up and its rendezvous with the other hosts as the
-script's silence; the script's start-up, its imports, it does). One host decides alone;
+a script that works quietly; and, once each, the steps of the start-up (torchrun's import done,
+each rank's start: a fixed timeout does not count torchrun's own start-up as the script's
+silence; the script's start-up, its imports, it does). One host decides alone;
 several hosts send their idle seconds with each heartbeat and the master declares the hang
 only when every host is idle (hosts.liveness). Stdlib only, no side effects on import: user
 scripts import `report_progress` from here (through `container_entry.hang`).
@@ -66,10 +66,10 @@ def is_hang(record: object) -> bool:
 
 class Activity:
     """When this host's ranks last showed life, from file times only (no wake-up per line).
-    A rank's start is life too (its wrapper's pid file, written as it starts the script): the
-    silence of a fixed HANG_TIMEOUT counts from the launch, and from the moment the ranks
-    started their scripts once they did, so torchrun's own start-up and its rendezvous with the
-    other hosts are not taken for the script's silence; the script's own start-up is."""
+    The start-up's steps are life too (`started`: torchrun's import done, each rank's pid file
+    as its wrapper starts the script): the silence of a fixed HANG_TIMEOUT counts from the
+    launch, then from each of them, so torchrun's own start-up (its import of torch, slow on a
+    busy machine) is not taken for the script's silence; the script's own start-up is."""
 
     def __init__(
         self,
@@ -79,7 +79,7 @@ class Activity:
     ) -> None:
         self.run_dir = run_dir
         self.progress = progress
-        self.started = started  # the ranks' pid files (ControlDir.pid_files)
+        self.started = started  # the start-up's marks (ControlDir.started)
         self.since = time.time()  # the launch
         self._checked = 0.0
         self._idle = 0.0

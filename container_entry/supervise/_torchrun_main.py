@@ -43,6 +43,9 @@ def main() -> None:
     if not data:
         sys.exit(0)
     launch = json.loads(data)
+    if launch.get("ready"):  # its start-up is done: no script's silence (the hang watchdog)
+        with contextlib.suppress(OSError):
+            open(launch["ready"], "w").close()
     os.environ.clear()
     os.environ.update(launch["env"])
     os.chdir(launch["cwd"])

@@ -101,12 +101,13 @@ class Supervisor:
         timeout = self.settings.hang_timeout  # None: auto, which watches several hosts only
         if timeout or (timeout is None and self.member):
             progress = self._effective(PROGRESS_ENV)
-            activity = self.activity = Activity(self.run_dir, progress, self.control.pid_files)
+            activity = self.activity = Activity(self.run_dir, progress, self.control.started)
             if self.member:  # several hosts: the master decides, from every host's idle time
                 self.member.idle = activity.idle if timeout else activity.idle_since_printing
         env = child_environment(self.plan, self.environ, self.control)
         if self.prestarted is not None:
-            return self.prestarted.launch(self.plan.argv, env, self.plan.code.code_dir)
+            ready = str(self.control.torchrun_ready)
+            return self.prestarted.launch(self.plan.argv, env, self.plan.code.code_dir, ready)
         return spawn(self.plan.argv, env, self.plan.code.code_dir)
 
     def _effective(self, name: str) -> str | None:

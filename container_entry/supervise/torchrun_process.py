@@ -66,13 +66,17 @@ class Prestarted:
             os.close(read)
         self._handed = False
 
-    def launch(self, argv: Sequence[str], env: Mapping[str, str], cwd: str) -> subprocess.Popen:
-        """The running torchrun; its Python must be the one this was started with."""
+    def launch(
+        self, argv: Sequence[str], env: Mapping[str, str], cwd: str, ready: str | None = None
+    ) -> subprocess.Popen:
+        """The running torchrun; its Python must be the one this was started with. `ready`: a
+        file it touches once its import is done and the launch came."""
         if self.process is None or list(argv[1:3]) != ["-m", MODULE] or self._handed:
             self.discard()
             return spawn(argv, env, cwd)
         self._handed = True
-        message = json.dumps({"args": list(argv[3:]), "env": dict(env), "cwd": cwd}).encode()
+        launch = {"args": list(argv[3:]), "env": dict(env), "cwd": cwd, "ready": ready}
+        message = json.dumps(launch).encode()
         # from a thread: the pipe takes 64 KiB while the import runs, and the monitor must run
         # meanwhile (a stop, a dead torchrun)
         threading.Thread(target=self._send, args=(message,), daemon=True).start()

@@ -25,24 +25,29 @@ import datetime
 import os
 import select
 import socket
+import subprocess
 import threading
 import time
 
-from container_entry.hang import report_progress  # stdlib only: before torch
-
-started = threading.Event()  # set once this rank is past its start-up
+from container_entry.hang import PROGRESS_ENV, report_progress  # stdlib only: before torch
 
 
-def starting() -> None:
-    """A fixed HANG_TIMEOUT counts from the launch, and the start-up (torch's import, the
-    rendezvous) outlasted 6 s, and 15 s in a container, beside a busy suite (run 27): the
-    probe reports progress until it is past it, so the silence under test begins where the
-    probe hangs, however slow the machine."""
-    while not started.wait(0.5):
-        report_progress()
+def starting() -> subprocess.Popen | None:
+    """The script's own start-up (torch's import, the rendezvous) counts for a fixed
+    HANG_TIMEOUT, and it outlasted 10 s beside a busy suite with a busy loop per CPU (runs 3
+    and 5 of issue 35): the probe reports progress until it is past it, so the silence under
+    test begins where the probe hangs, however slow the machine. From a process of its own:
+    torch's import holds this interpreter's lock for seconds at a time, and a thread here
+    would report nothing meanwhile."""
+    path = os.environ.get(PROGRESS_ENV)
+    if not path:
+        return None
+    # the path is the shell's $0, never part of its code
+    loop = 'while :; do touch "$0"; sleep 0.5; done'
+    return subprocess.Popen(["/bin/sh", "-c", loop, path])
 
 
-threading.Thread(target=starting, daemon=True).start()
+reporter = starting()
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -87,7 +92,10 @@ if args.abort_when_a_peer_dies:
     abort_when_a_peer_dies()
 print(f"rank {rank} ready", flush=True)
 dist.barrier()
-started.set()
+if reporter is not None:  # past the start-up: the silence under test is the script's own
+    report_progress()
+    reporter.kill()
+    reporter.wait()
 
 
 def stuck_in_python() -> None:
