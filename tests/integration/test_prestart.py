@@ -63,8 +63,10 @@ def test_the_launch_runs_exactly_the_handed_command_line_environment_and_folder(
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(fake), "RECORD": str(record)}
     env["ODD"] = "--log $(id) \"q\" 'x' ünï\tcode"  # handed as data, never through a shell
     args = ["--nnodes", "2", "--node-rank", "1", "-m", "container_entry.worker"]
-    process = prestarted.launch([*ARGV_HEAD, *args], env, str(code))
+    ready = tmp_path / "torchrun.ready"  # its import done, the launch came: no silence of ours
+    process = prestarted.launch([*ARGV_HEAD, *args], env, str(code), str(ready))
     assert process.wait(timeout=30) == 0, process.stderr.read().decode()
+    assert ready.exists() and ready.stat().st_mtime <= record.stat().st_mtime
     got = json.loads(record.read_text())
     assert got["args"] == args
     assert Path(got["argv0"]).name == "run.py"  # argparse's prog, as `-m` gives it
