@@ -128,6 +128,11 @@ bench-relay: venv standin ## the relay table alone: log-heavy DDP loop and HF jo
 	$(MAKE) --no-print-directory build BASE_IMAGE=$(STANDIN) IMAGE=container-entry:bench
 	$(PYTHON) -m scripts.bench.relay --image container-entry:bench --make-target bench-relay $(ARGS)
 
+.PHONY: bench-ready
+bench-ready: venv standin ## 2 hosts, container start -> READY (torch imported, group made, first all_reduce): ours vs bare torchrun side by side (ARGS=--rounds N ...) -> docs/benchmarks.md
+	$(MAKE) --no-print-directory build BASE_IMAGE=$(STANDIN) IMAGE=container-entry:bench
+	$(PYTHON) -m scripts.bench.ready --image container-entry:bench --base $(STANDIN) $(ARGS)
+
 .PHONY: bench-hook
 bench-hook: venv standin ## what the SDK v3 hook (BASH_ENV) costs other processes: starts timed in the image, instructions counted here (valgrind) -> docs/benchmarks.md
 	$(MAKE) --no-print-directory build BASE_IMAGE=$(STANDIN) IMAGE=container-entry:bench

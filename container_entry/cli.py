@@ -146,13 +146,24 @@ def train_command(cli_args: Sequence[str], sdk: SdkJob | None = None) -> int:
     stop = Stop()
 
     def train(args: Sequence[str]) -> int:
-        # imported while a stop is only noted: raised inside an import, it was reshaped by
-        # the code it cut (`Error calling __set_name__`, a half-imported module)
-        from container_entry.job import train
+        # torchrun's interpreter first, before our own imports and the plan: its import of torch
+        # is the longest step on the way to the first all_reduce (supervise/prestart.py)
+        from container_entry.supervise.prestart import Prestarted, start_environment
 
-        stop.install()  # takes over from record_early: a stop noted there raises here
-        stop.check()
-        return train(args, stop, sdk=sdk)
+        torchrun = Prestarted(sys.executable, start_environment(os.environ))
+        try:
+            from container_entry.plan.sdk_driver import drop_image_bash_env
+
+            drop_image_bash_env(os.environ)  # (a Python reads no BASH_ENV: torchrun's is moot)
+            # imported while a stop is only noted: raised inside an import, it was reshaped by
+            # the code it cut (`Error calling __set_name__`, a half-imported module)
+            from container_entry.job import train
+
+            stop.install()  # takes over from record_early: a stop noted there raises here
+            stop.check()
+            return train(args, stop, sdk=sdk, torchrun=torchrun)
+        finally:
+            torchrun.discard()  # never launched (a failure, a stop, a dry run): ended
 
     return _guarded("train", train, cli_args, stop)
 
@@ -170,13 +181,13 @@ def sdk_command(args: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from container_entry.plan.sdk_driver import drop_image_bash_env
-
     args = list(sys.argv[1:] if argv is None else argv)
     _safe_output()
-    drop_image_bash_env(os.environ)
     if not args or args[0] == "train":
-        return train_command(args[1:])
+        return train_command(args[1:])  # torchrun's interpreter first, then the rest
+    from container_entry.plan.sdk_driver import drop_image_bash_env
+
+    drop_image_bash_env(os.environ)
     if args[0] == SDK_COMMAND:
         return sdk_command(args[1:])
     stopping.release_early()  # not training: the stop signals as they were

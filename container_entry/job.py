@@ -33,8 +33,9 @@ from container_entry.rank.torch_gpus import check_visible_gpus
 from container_entry.supervise import user_code
 from container_entry.supervise.ending import Ending, Kind, Observed, verdict
 from container_entry.supervise.outcome import Outcome
+from container_entry.supervise.prestart import Prestarted
 from container_entry.supervise.supervisor import Supervisor
-from container_entry.supervise.torchrun_process import Prestarted, child_environment
+from container_entry.supervise.torchrun_process import child_environment
 
 # for the master's final word on which failure was the job's first: it comes once every host
 # settled, at the latest decision.SETTLE_SECONDS after the first failure reached the master
@@ -66,6 +67,7 @@ class Job:
         stop: Stop,
         *,
         key: bytes = b"",
+        torchrun: Prestarted | None = None,
     ) -> None:
         self.plan = plan
         self.environ = environ
@@ -73,12 +75,14 @@ class Job:
         self.stop = stop
         self.session = Session(plan, key)  # the side channel (key: hosts.session.session_key)
         self.run_dir = RunDir.of(base)
-        self.torchrun: Prestarted | None = None
+        self.torchrun = torchrun  # started by the cli before the plan existed, or by prestart()
         self.succeeded = False
 
     def prestart(self) -> None:
         """torchrun's interpreter imports torch while this host joins and prepares."""
-        self.torchrun = Prestarted(self.plan.argv[0], child_environment(self.plan, self.environ))
+        if self.torchrun is None:
+            env = child_environment(self.plan, self.environ)
+            self.torchrun = Prestarted(self.plan.argv[0], env)
 
     def prepare(self) -> None:
         plan = self.plan
@@ -211,9 +215,15 @@ class Job:
         self.session.close(self.succeeded)
 
 
-def train(cli_args: Sequence[str], stop: Stop, sdk: SdkJob | None = None) -> int:
+def train(
+    cli_args: Sequence[str],
+    stop: Stop,
+    sdk: SdkJob | None = None,
+    torchrun: Prestarted | None = None,
+) -> int:
     """Resolve, join, prepare, launch; every outcome leaves a success or failure file. `sdk`:
-    SageMaker SDK v3's start, taken over (sdk_start)."""
+    SageMaker SDK v3's start, taken over (sdk_start); `torchrun`: its interpreter, already
+    started (the caller discards it if no launch took it)."""
     environ = dict(os.environ)
     outcome = Outcome(base_dir_from(environ))
     job: Job | None = None
@@ -229,7 +239,7 @@ def train(cli_args: Sequence[str], stop: Stop, sdk: SdkJob | None = None) -> int
             raise error_type("; ".join(plan.problems))
         key = session_key(env) if plan.coordinated else b""  # a short secret: exit 2
         log("plan\n" + plan.summary())
-        job = Job(plan, environ, base_dir_from(environ), stop, key=key)
+        job = Job(plan, environ, base_dir_from(environ), stop, key=key, torchrun=torchrun)
         return job.execute(outcome)
     except (BootstrapError, OSError) as error:
         if stop.cut_start and not isinstance(error, StopRequested):

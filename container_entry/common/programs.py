@@ -14,3 +14,7 @@ RANK_RUNNER = str(PACKAGE / "rank" / "preflight_then_script.py")  # the prefligh
 PREFLIGHT_SCRIPT = str(PACKAGE / "rank" / "preflight.py")
 SITE_DIR = str(PACKAGE / "rank" / "_site")  # on each script's PYTHONPATH: sitecustomize, alone
 TORCHRUN_MAIN = str(PACKAGE / "supervise" / "_torchrun_main.py")  # torchrun, started early
+TORCHRUN_MODULE = "torch.distributed.run"  # `python -m` of it is torchrun
+# every process of the job starts unbuffered unless the user said otherwise (live logs): the
+# plan adds it, and torchrun's interpreter, started before the plan exists, starts with it
+UNBUFFERED = ("PYTHONUNBUFFERED", "1")

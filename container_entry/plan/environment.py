@@ -6,6 +6,7 @@ This is the only place that reads the outside world for planning; everything dow
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import posixpath
@@ -14,7 +15,6 @@ import socket
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,22 @@ def script_candidates(cwd: str, code_dir: str, name: str) -> tuple[str, ...]:
 
 
 def _torch_version() -> str | None:
+    """torch's version as its installer recorded it (the `torch-<version>.dist-info` folder
+    beside the package), found without importing torch or importlib.metadata, whose own import
+    costs 20-30 ms of the bootstrap's start before torchrun's interpreter starts (benchmarks.md,
+    "READY"); importlib.metadata stays the fallback (another layout, several folders)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return None
+    site = Path(spec.origin).parent.parent
+    try:
+        found = [p.name for p in site.glob("torch-*.dist-info") if p.is_dir()]
+    except OSError:
+        found = []
+    if len(found) == 1:
+        return found[0][len("torch-") : -len(".dist-info")]
+    from importlib import metadata
+
     try:
         return metadata.version("torch")
     except metadata.PackageNotFoundError:

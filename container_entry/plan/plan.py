@@ -22,7 +22,7 @@ from typing import Any
 
 from container_entry.common.layout import RunDir
 from container_entry.common.masking import MASK, Masker, argv_pairs, is_secret_name, secret_values
-from container_entry.common.programs import PREFLIGHT_SCRIPT
+from container_entry.common.programs import PREFLIGHT_SCRIPT, UNBUFFERED
 from container_entry.diagnose.hang import AUTO_FACTOR, AUTO_FLOOR, PROGRESS_ENV
 from container_entry.plan import contract, gpus, hyperparameters, sdk_driver, settings, torchrun
 from container_entry.plan.cluster import Topology, resolve_topology
@@ -264,7 +264,7 @@ def _bootstrap_env(
     wanted["SM_CHECKPOINT_DIR"] = EnvVar(
         str(env.base_dir / "checkpoints"), "where SageMaker syncs checkpoints with S3 (resume)"
     )
-    wanted["PYTHONUNBUFFERED"] = EnvVar("1", "live logs: print reaches stdout at once")
+    wanted[UNBUFFERED[0]] = EnvVar(UNBUFFERED[1], "live logs: print reaches stdout at once")
     wanted["PYTHONPATH"] = EnvVar(code.code_dir, "user modules importable, as the incumbent")
     wanted[PROGRESS_ENV] = EnvVar(
         str(RunDir.of(env.base_dir).progress),

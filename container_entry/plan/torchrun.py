@@ -18,13 +18,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from container_entry.common.errors import ConfigError
-from container_entry.common.programs import WORKER_MODULE
+from container_entry.common.programs import TORCHRUN_MODULE, WORKER_MODULE
 from container_entry.plan.cluster import Topology
 from container_entry.plan.gpus import GpuCount
 from container_entry.plan.settings import Settings
 from container_entry.plan.worker_defaults import version_tuple
 
-MODULE = "torch.distributed.run"
+MODULE = TORCHRUN_MODULE
 
 # The oldest release we support: the torch of the oldest listed Hugging Face training DLC
 # (huggingface-pytorch-training:2.5.1-transformers4.49.0).

@@ -1,4 +1,4 @@
-"""torchrun's interpreter, started early (torchrun_process.Prestarted), run by path: it imports
+"""torchrun's interpreter, started early (prestart.Prestarted), run by path: it imports
 torch's launcher (most of its start-up), then waits for its command line, environment and folder
 (JSON on the pipe `argv[1]`) and runs as `python -m torch.distributed.run` would. EOF without a
 launch (the bootstrap failed, was stopped, or died before it): it exits quietly. Nothing of the
@@ -49,6 +49,9 @@ def main() -> None:
     os.environ.clear()
     os.environ.update(launch["env"])
     os.chdir(launch["cwd"])
+    # a PYTHONPATH it did not start with (the plan's code folder): where Python puts it, after
+    # the first entry (prestart.added_path)
+    sys.path[0:0] = launch.get("path") or []
     if not getattr(sys.flags, "safe_path", False):  # as `-m` puts it
         sys.path.insert(0, os.getcwd())
     sys.argv = [run.__file__, *launch["args"]]

@@ -38,9 +38,10 @@ from container_entry.diagnose.hang import PROGRESS_ENV, Activity
 from container_entry.hosts import Member
 from container_entry.plan.plan import Plan
 from container_entry.supervise.ending import Ending, Kind, Observed, Seen, decide
+from container_entry.supervise.prestart import Prestarted, spawn
 from container_entry.supervise.teardown import Hanging, Stopping, Teardown, Winding
 from container_entry.supervise.torchrun_output import TorchrunOutput
-from container_entry.supervise.torchrun_process import Prestarted, child_environment, spawn
+from container_entry.supervise.torchrun_process import child_environment
 
 POLL_SECONDS = 0.1
 

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 FAKE_TORCHRUN = r'''
 """Stand-in for torchrun (simulate_hosts.py): no worker, the records a worker would leave.
-Imported first, run when launched (as the bootstrap starts torchrun: torchrun_process.py)."""
+Imported first, run when launched (as the bootstrap starts torchrun: supervise/prestart.py)."""
 import json, os, signal, sys, time
 
 

@@ -147,7 +147,7 @@ def test_preflight_passes_on_cpu_with_bus_bandwidth(tmp_path, workers):
     output = done.stdout + done.stderr
     if workers == 2:
         assert "preflight ok on algo-1: 2 workers, 0 GPUs, all_reduce latency" in output
-        assert "bus bandwidth" in output and "(8 MiB, world 2)" in output
+        assert "bus bandwidth" in output and "(4 MiB, world 2)" in output
     else:
         line = next(x for x in output.splitlines() if "preflight ok on algo-1" in x)
         assert "1 workers, 0 GPUs, all_reduce result checked (world 1: no link" in line, line

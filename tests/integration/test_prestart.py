@@ -1,4 +1,5 @@
-"""torchrun started before the launch (torchrun_process.Prestarted), on real processes.
+"""torchrun started before the launch (prestart.Prestarted), on real processes, and what it
+starts with: the user's environment, before the plan exists (the cli starts it first thing).
 
 The launcher here is a stand-in `torch.distributed.run` module on PYTHONPATH (no torch needed:
 what is tested is the hand-over, not torchrun): its import is the slow part a real torchrun has,
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from container_entry.supervise.torchrun_process import Prestarted
+from container_entry.supervise.prestart import Prestarted, added_path, start_environment
 
 ARGV_HEAD = [sys.executable, "-m", "torch.distributed.run"]
 
@@ -38,8 +39,11 @@ def fake_launcher(root: Path, import_seconds: float = 0.0, broken: bool = False)
         "def main(args=None):\n"
         "    with open(os.environ['RECORD'], 'w') as handle:\n"
         "        json.dump({'args': args, 'argv0': sys.argv[0], 'cwd': os.getcwd(),\n"
-        "                   'env': dict(os.environ), 'path0': sys.path[0],\n"
+        "                   'env': dict(os.environ), 'path0': sys.path[0], 'path': sys.path,\n"
+        "                   'pid': os.getpid(),\n"
         "                   'imported_with': IMPORTED_WITH}, handle)\n"
+        "if __name__ == '__main__':  # started plainly, as `python -m torch.distributed.run`\n"
+        "    main(sys.argv[1:])\n"
     )
     return root / "fake"
 
@@ -99,7 +103,7 @@ def test_it_ends_by_itself_when_the_bootstrap_is_gone(tmp_path):
     env = {"PYTHONPATH": str(fake), "PATH": os.environ["PATH"]}
     script = (
         "import os, sys, time\n"
-        "from container_entry.supervise.torchrun_process import Prestarted\n"
+        "from container_entry.supervise.prestart import Prestarted\n"
         f"p = Prestarted(sys.executable, {env!r})\n"
         "print(p.process.pid, flush=True)\n"
         "time.sleep(60)\n"
@@ -119,8 +123,13 @@ def test_it_ends_by_itself_when_the_bootstrap_is_gone(tmp_path):
 
 
 def test_a_launcher_that_cannot_be_imported_fails_the_launch_with_its_reason(tmp_path):
-    prestarted = start(fake_launcher(tmp_path, broken=True))
-    env = {"PATH": os.environ["PATH"], "RECORD": str(tmp_path / "never.json")}
+    fake = fake_launcher(tmp_path, broken=True)
+    prestarted = start(fake)
+    env = {
+        "PATH": os.environ["PATH"],
+        "PYTHONPATH": str(fake),
+        "RECORD": str(tmp_path / "never.json"),
+    }
     began = time.monotonic()
     process = prestarted.launch([*ARGV_HEAD, "--nnodes", "1"], env, str(tmp_path))
     assert time.monotonic() - began < 2.0  # the hand-over never blocks the bootstrap
@@ -152,3 +161,106 @@ def test_a_command_line_of_another_shape_runs_as_given(tmp_path):
         [sys.executable, "-c", f"open({str(marker)!r}, 'w')"], {"PATH": os.environ["PATH"]}, "/"
     )
     assert process.wait(timeout=30) == 0 and marker.exists()
+
+
+def venv_with_launcher(root: Path) -> str:
+    """A Python whose site folder holds the stand-in launcher: importable with no PYTHONPATH,
+    as torch is in the image."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True)
+    python = root / "venv" / "bin" / "python"
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    fake = fake_launcher(root)
+    (fake / "torch").rename(Path(site) / "torch")
+    return str(python)
+
+
+def as_python_starts_it(python: str, env: dict[str, str], cwd: Path) -> dict:
+    """What plain `python -m torch.distributed.run` records with that environment and folder."""
+    record = cwd.parent / "plain.json"
+    env = dict(env, RECORD=str(record))
+    subprocess.run([python, "-m", "torch.distributed.run", "--x"], env=env, cwd=cwd, check=True)
+    return json.loads(record.read_text())
+
+
+@pytest.mark.parametrize("entries", [1, 2])
+def test_a_code_folder_the_plan_adds_to_pythonpath_is_where_python_puts_it(tmp_path, entries):
+    """The cli starts the interpreter before the plan, with the user's environment (no
+    PYTHONPATH); the plan then adds PYTHONPATH=<code folder>: torchrun's sys.path must be
+    exactly the one Python's own start would have made with it (after the working folder,
+    before the standard library and the site folders)."""
+    python = venv_with_launcher(tmp_path)
+    folders = [tmp_path / f"code{i}" for i in range(entries)]
+    for folder in folders:
+        folder.mkdir()
+    start = start_environment({"PATH": os.environ["PATH"], "HOME": str(tmp_path)})
+    prestarted = Prestarted(python, start)
+    final = dict(start, PYTHONPATH=os.pathsep.join(map(str, folders)), OMP_NUM_THREADS="2")
+    final["RECORD"] = str(tmp_path / "record.json")
+    process = prestarted.launch(
+        [python, "-m", "torch.distributed.run", "--x"], final, str(folders[0])
+    )
+    assert process.pid == prestarted.process.pid  # handed over, not started again
+    assert process.wait(timeout=30) == 0, process.stderr.read().decode()
+    got = json.loads(Path(final["RECORD"]).read_text())
+    want = as_python_starts_it(python, final, folders[0])
+    assert got["path"] == want["path"]
+    assert got["path"][1 : 1 + entries] == list(map(str, folders))
+
+
+START_CASES = {
+    # name: (the user's environment, the final one beyond PATH and PYTHONUNBUFFERED=1, the
+    # sys.path entries the launch adds; None: a fresh torchrun instead)
+    "the same": ({}, {}, []),
+    "a variable read later (OMP, NCCL, SM_*)": ({}, {"OMP_NUM_THREADS": "2", "SM_HPS": "{}"}, []),
+    "PYTHONPATH added, absolute": ({}, {"PYTHONPATH": "/opt/ml/code"}, ["/opt/ml/code"]),
+    "PYTHONPATH added, two": ({}, {"PYTHONPATH": "/a:/b"}, ["/a", "/b"]),
+    "PYTHONPATH the user's, kept": ({"PYTHONPATH": "/u"}, {"PYTHONPATH": "/u"}, []),
+    "PYTHONPATH the user's, changed": ({"PYTHONPATH": "/u"}, {"PYTHONPATH": "/c"}, None),
+    "PYTHONPATH added, relative": ({}, {"PYTHONPATH": "code"}, None),
+    "PYTHONPATH added, empty entry": ({}, {"PYTHONPATH": "/a::/b"}, None),
+    "PYTHONPATH added, empty": ({}, {"PYTHONPATH": ""}, None),
+    "PYTHONPATH removed": ({"PYTHONPATH": "/u"}, {}, None),
+    "PYTHONHASHSEED added": ({}, {"PYTHONHASHSEED": "0"}, None),
+    "PYTHONSAFEPATH added": ({}, {"PYTHONSAFEPATH": "1"}, None),
+    "PYTHONUNBUFFERED changed": ({}, {"PYTHONUNBUFFERED": "0"}, None),
+    "LD_PRELOAD added": ({}, {"LD_PRELOAD": "/x.so"}, None),
+    "LD_LIBRARY_PATH removed": ({"LD_LIBRARY_PATH": "/l"}, {}, None),
+    "PYTHONPATH added and LD_PRELOAD": ({}, {"PYTHONPATH": "/a", "LD_PRELOAD": "/x.so"}, None),
+}
+
+
+@pytest.mark.parametrize("case", START_CASES, ids=list(START_CASES))
+def test_what_an_interpreter_reads_at_its_start_decides_whether_it_can_be_handed_over(case):
+    """The final environment as child_environment makes it: the user's plus the plan's."""
+    started, added, want = START_CASES[case]
+    start = start_environment({"PATH": "/bin", **started})
+    final = {"PATH": "/bin", "PYTHONUNBUFFERED": "1", **added}
+    assert added_path(start, final) == want
+
+
+def test_the_start_environment_is_the_users_and_unbuffered_unless_they_said_otherwise():
+    assert start_environment({"A": "1"}) == {"A": "1", "PYTHONUNBUFFERED": "1"}
+    assert start_environment({"PYTHONUNBUFFERED": "0"}) == {"PYTHONUNBUFFERED": "0"}
+
+
+@pytest.mark.parametrize("case", ["LD_PRELOAD", "another Python"])
+def test_an_interpreter_that_cannot_become_the_launch_is_ended_and_a_fresh_one_runs(tmp_path, case):
+    fake = fake_launcher(tmp_path, import_seconds=0.2)
+    prestarted = start(fake)
+    early = prestarted.process
+    record = tmp_path / "record.json"
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(fake), "RECORD": str(record)}
+    python = sys.executable
+    if case == "LD_PRELOAD":
+        env["LD_PRELOAD"] = ""  # empty: loads nothing, but read at the start all the same
+    else:
+        python = str(Path(sys.executable).resolve())  # the same binary, by another name
+        assert python != sys.executable
+    process = prestarted.launch([python, "-m", "torch.distributed.run", "--y"], env, str(tmp_path))
+    assert process is not early and gone(early.pid)
+    assert process.wait(timeout=30) == 0
+    got = json.loads(record.read_text())
+    assert got["args"] == ["--y"] and got["env"].get("LD_PRELOAD") == env.get("LD_PRELOAD")
