@@ -6,7 +6,6 @@ This is the only place that reads the outside world for planning; everything dow
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import posixpath
@@ -102,26 +101,43 @@ def script_candidates(cwd: str, code_dir: str, name: str) -> tuple[str, ...]:
 
 
 def _torch_version() -> str | None:
-    """torch's version as its installer recorded it (the `torch-<version>.dist-info` folder
-    beside the package), found without importing torch or importlib.metadata, whose own import
-    costs 20-30 ms of the bootstrap's start before torchrun's interpreter starts (benchmarks.md,
-    "READY"); importlib.metadata stays the fallback (another layout, several folders)."""
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.origin:
-        return None
-    site = Path(spec.origin).parent.parent
-    try:
-        found = [p.name for p in site.glob("torch-*.dist-info") if p.is_dir()]
-    except OSError:
-        found = []
-    if len(found) == 1:
-        return found[0][len("torch-") : -len(".dist-info")]
+    """torch's version as importlib.metadata gives it (the first `torch-*.dist-info` along
+    sys.path, its METADATA's Version), read without importing that library: its own import
+    costs 20-30 ms of the bootstrap's start (docs/benchmarks.md, "READY"). Anything else (an
+    egg, two in one folder, no METADATA): importlib.metadata itself."""
+    for entry in sys.path:
+        try:
+            found = sorted(n for n in os.listdir(entry or ".") if _TORCH_INFO.fullmatch(n))
+        except OSError:  # not a folder (a zip), gone
+            continue
+        if len(found) == 1:
+            version = _metadata_version(Path(entry or ".") / found[0] / "METADATA")
+            if version:
+                return version
+        if found:
+            break
     from importlib import metadata
 
     try:
         return metadata.version("torch")
     except metadata.PackageNotFoundError:
         return None
+
+
+_TORCH_INFO = re.compile(r"torch-[^-]+\.dist-info")
+
+
+def _metadata_version(path: Path) -> str | None:
+    try:
+        with path.open(encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("Version:"):
+                    return line.partition(":")[2].strip() or None
+                if not line.strip():  # the headers end
+                    break
+    except (OSError, UnicodeDecodeError):
+        pass
+    return None
 
 
 def _arg_max() -> int:
