@@ -3,10 +3,13 @@ of their local mode.
 
 SDK v2 and v3 cannot share a venv, and neither belongs in the dev venv: each gets
 build/venv-<name>, created from its requirements lock on first use and reused while the lock
-(and the interpreter) are unchanged (a stamp file holds their hash). SDK v3's local mode names
-its containers `algo-1`, `algo-2` on the one `sagemaker-local` network: two of its jobs at once
-would answer each other's names, so they take turns (`v3_local_mode`), whichever xdist worker
-runs them.
+(and the interpreter) are unchanged (a stamp file holds their hash). Both SDKs' local modes
+put their containers on one network named `sagemaker-local`, which compose creates when it is
+missing and the cleanup removes when it is empty: two jobs at once create two networks of that
+name (then `network sagemaker-local is ambiguous`, run 51 in docs/test-speed.md) or remove the
+other's. SDK v3's also names its containers `algo-1`, `algo-2`, which two jobs would answer for
+each other. So every local-mode job takes its turn (`sdk_local_mode`), whichever xdist worker
+runs it.
 """
 
 from __future__ import annotations
@@ -107,11 +110,12 @@ def local_mode_cleanup(docker_client, root: Path) -> Iterator[LocalModeContainer
 
 
 @contextlib.contextmanager
-def v3_local_mode() -> Iterator[None]:
-    """One SDK v3 local-mode job at a time on this machine (its fixed `algo-N` names)."""
+def sdk_local_mode() -> Iterator[None]:
+    """One SDK local-mode job (v2 or v3) at a time on this machine: their one network name,
+    v3's fixed `algo-N` names."""
     locks = REPO / "build" / "locks"
     locks.mkdir(parents=True, exist_ok=True)
-    with open(locks / "sdk-v3-local-mode.lock", "w") as lock:
+    with open(locks / "sdk-local-mode.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
 

@@ -18,7 +18,7 @@ import pytest
 
 from tests.docker import test_sdk_clients as sdk
 from tests.docker.conftest import IMAGE, REPO
-from tests.docker.sdk_venvs import local_mode_cleanup
+from tests.docker.sdk_venvs import local_mode_cleanup, sdk_local_mode
 
 pytestmark = pytest.mark.docker
 
@@ -116,7 +116,7 @@ def test_hf_clm_style_script_trains_as_ddp_on_two_instances(
     code.mkdir()
     root.mkdir()
     shutil.copy(REPO / "examples" / "hf_clm_style.py", code)
-    with local_mode_cleanup(docker_client, root) as found:
+    with sdk_local_mode(), local_mode_cleanup(docker_client, root) as found:
         result, log = sdk.run_client(
             sdk2_python,
             CLIENT,

@@ -18,7 +18,7 @@ from tests.docker.sdk_venvs import (
     local_mode_cleanup,
     members,
     run_client,
-    v3_local_mode,
+    sdk_local_mode,
 )
 
 # The user's training script: joins the gloo group, gathers what every rank saw to rank 0,
@@ -164,7 +164,7 @@ def test_sdk_v2_estimator_local_mode_trains_with_ddp(
 ):
     root, output = job["root"], tmp_path / "output"
     root.mkdir()
-    with local_mode_cleanup(docker_client, root) as found:
+    with sdk_local_mode(), local_mode_cleanup(docker_client, root) as found:
         result, log = run_client(
             sdk2_python,
             SDK_V2_CLIENT,
@@ -190,7 +190,7 @@ def test_sdk_v3_model_trainer_local_container_trains_with_ddp(
 ):
     root = job["root"]
     root.mkdir()
-    with v3_local_mode(), local_mode_cleanup(docker_client, root) as found:
+    with sdk_local_mode(), local_mode_cleanup(docker_client, root) as found:
         _, log = run_client(
             sdk3_python,
             SDK_V3_CLIENT,

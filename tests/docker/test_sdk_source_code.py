@@ -24,7 +24,7 @@ from tests.docker.sdk_venvs import (
     local_mode_cleanup,
     members,
     run_client,
-    v3_local_mode,
+    sdk_local_mode,
 )
 
 SECRET = "hf_sdkv3SecretValue42"
@@ -172,7 +172,7 @@ def sdk_job(tmp_path, image):
 def train(python: Path, docker_client, job: dict, tmp_path: Path, *, ok: bool = True):
     """One local-mode job: (containers' exit codes and logs, client output, output files)."""
     root = Path(job["root"])
-    with v3_local_mode(), local_mode_cleanup(docker_client, root) as found:
+    with sdk_local_mode(), local_mode_cleanup(docker_client, root) as found:
         _, output = run_client(python, CLIENT, tmp_path, json.dumps(job), check=ok)
     archive = root / "compressed_artifacts" / "output.tar.gz"
     return found, output, members(archive) if archive.exists() else {}
@@ -263,7 +263,7 @@ def test_a_stop_reaches_the_ranks_and_their_checkpoint_is_written(
     script = tmp_path / "client.py"
     script.write_text(CLIENT)
     label = "com.docker.compose.project.working_dir"
-    with v3_local_mode(), local_mode_cleanup(docker_client, root) as found:
+    with sdk_local_mode(), local_mode_cleanup(docker_client, root) as found:
         client = subprocess.Popen(
             [str(sdk3_python), str(script), json.dumps(sdk_job)],
             cwd=tmp_path,

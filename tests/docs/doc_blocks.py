@@ -677,11 +677,13 @@ def verify(block: Block, tmp: Path, image: str, docker_client=None) -> list[str]
             workdir = working_copy(marker.directory, tmp / "work")
         except ValueError as exc:
             return [f"{block.where}: {exc}"]
-        if docker_client is None:
+        if docker_client is None or "sagemaker" not in code.lower():
             return run_block(block, code, workdir, tmp, image)
-        from tests.docker.sdk_venvs import local_mode_cleanup
+        # an SDK's local mode: its turn, and its containers and network removed after it (a
+        # cleanup beside another SDK job could remove that job's network just made)
+        from tests.docker.sdk_venvs import local_mode_cleanup, sdk_local_mode
 
-        with local_mode_cleanup(docker_client, tmp):
+        with sdk_local_mode(), local_mode_cleanup(docker_client, tmp):
             return run_block(block, code, workdir, tmp, image)
     if marker.scope == "ci":
         if block.lang not in SHELL:

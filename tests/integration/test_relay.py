@@ -52,22 +52,24 @@ def start(tmp_path, source, nproc=2, hyperparameters=None, stderr=subprocess.PIP
 class Reader(threading.Thread):
     """Every line of one of the bootstrap's output streams, with the time it arrived."""
 
-    def __init__(self, stream) -> None:
+    def __init__(self, stream, on_line=None) -> None:
         super().__init__(daemon=True)
-        self.stream, self.lines = stream, []
+        self.stream, self.lines, self.on_line = stream, [], on_line
 
     def run(self) -> None:
         for line in iter(self.stream.readline, b""):
             self.lines.append((time.time(), line.rstrip(b"\n")))
+            if self.on_line:
+                self.on_line(line.rstrip(b"\n"))
 
     def text(self) -> list[bytes]:
         return [line for _, line in self.lines]
 
 
-def run_to_end(process, timeout=180):
-    readers = [Reader(process.stdout)]
+def run_to_end(process, timeout=180, on_line=None):
+    readers = [Reader(process.stdout, on_line)]
     if process.stderr is not None:
-        readers.append(Reader(process.stderr))
+        readers.append(Reader(process.stderr, on_line))
     for reader in readers:
         reader.start()
     process.wait(timeout=timeout)
@@ -93,31 +95,54 @@ def record(tree, rank: int) -> dict:
     return json.loads((tree.output / f"data/container-entry/rank-{rank}.json").read_text())
 
 
+# Each timed line is followed by a quiet spell that lasts until the test has seen it on the
+# container's stream (an ack file per line): a relay that held a line until more output came,
+# or until the end, keeps its rank waiting until the 20 s give-up, which says `late`. The test
+# judges that event, not a wall-clock margin that a loaded machine can exceed (run 51 in
+# docs/test-speed.md: one line took 1.96 s beside a CPU hog, under a 1 s bound).
 LIVE = """
 import os, sys, time
 rank = int(os.environ["RANK"])
+acks = os.environ["ACK_DIR"]
+late = []
+def quiet_until_seen(i):
+    deadline = time.time() + 20
+    while not late and not all(os.path.exists(f"{acks}/{s}-{rank}-{i}") for s in ("out", "err")):
+        if time.time() > deadline:
+            late.append(i)  # said once; the rest go on without waiting
+            print(f"late {i} rank {rank}", file=sys.stderr)
+        time.sleep(0.01)
 for i in range(8):
     print(f"out {i} rank {rank} t={time.time():.6f}")
     print(f"err {i} rank {rank} t={time.time():.6f}", file=sys.stderr)
     if i == 4:  # a burst between two timed lines
         for j in range(3000):
             print(f"burst {j} rank {rank}", file=sys.stderr if j % 2 else sys.stdout)
-    time.sleep(0.25)
+    quiet_until_seen(i)
 """
+TIMED = re.compile(rb"^\[algo-1 rank \d+\] (out|err) (\d+) rank (\d+) t=")
 
 
 def test_every_line_on_both_streams_is_live_through_quiet_spells_and_bursts(tmp_path):
-    tree, process = start(tmp_path, LIVE)
-    out, err = run_to_end(process)
+    acks = tmp_path / "acks"
+    acks.mkdir()
+
+    def seen(line: bytes) -> None:
+        match = TIMED.match(line)
+        if match:
+            stream, i, rank = (x.decode() for x in match.groups())
+            (acks / f"{stream}-{rank}-{i}").touch()
+
+    tree, process = start(tmp_path, LIVE, ACK_DIR=str(acks))
+    out, err = run_to_end(process, on_line=seen)
     assert process.returncode == 0, err.text()[-20:]
-    latencies = {b"out": [], b"err": []}
+    assert not [line for line in err.text() if b"] late " in line]  # every line seen while quiet
+    timed = {b"out": 0, b"err": 0}
     for reader, stream in ((out, b"out"), (err, b"err")):
-        for arrived, line in reader.lines:
-            match = TAG.match(line)
-            if match and match.group(2).startswith(stream + b" ") and b" t=" in line:
-                latencies[stream].append(arrived - float(line.rsplit(b"t=", 1)[1]))
-    assert len(latencies[b"out"]) == len(latencies[b"err"]) == 16
-    assert max(latencies[b"out"] + latencies[b"err"]) < 1.0, latencies
+        for _, line in reader.lines:
+            match = TIMED.match(line)
+            timed[stream] += bool(match and match.group(1) == stream)
+    assert timed == {b"out": 16, b"err": 16}
     for rank in (0, 1):
         assert len([x for x in tagged(out.text(), rank) if x.startswith(b"burst")]) == 1500
         assert len([x for x in tagged(err.text(), rank) if x.startswith(b"burst")]) == 1500
