@@ -63,6 +63,7 @@ class Supervisor:
         self.member = member
         self.stop = stop
         self.prestarted = prestarted
+        self.marks_ready = False  # the launch went to the prestarted torchrun (torchrun_starting)
         # the master's: whether another host's bootstrap still runs its ranks (this torchrun
         # hosts the store they may still poll)
         self.peers_running = peers_running
@@ -102,14 +103,23 @@ class Supervisor:
         timeout = self.settings.hang_timeout  # None: auto, which watches several hosts only
         if timeout or (timeout is None and self.member):
             progress = self._effective(PROGRESS_ENV)
-            activity = self.activity = Activity(self.run_dir, progress, self.control.started)
+            activity = self.activity = Activity(
+                self.run_dir, progress, self.control.started, self.torchrun_starting
+            )
             if self.member:  # several hosts: the master decides, from every host's idle time
                 self.member.idle = activity.idle if timeout else activity.idle_since_printing
         env = child_environment(self.plan, self.environ, self.control)
         if self.prestarted is not None:
             ready = str(self.control.torchrun_ready)
-            return self.prestarted.launch(self.plan.argv, env, self.plan.code.code_dir, ready)
+            process = self.prestarted.launch(self.plan.argv, env, self.plan.code.code_dir, ready)
+            self.marks_ready = process is self.prestarted.process
+            return process
         return spawn(self.plan.argv, env, self.plan.code.code_dir)
+
+    def torchrun_starting(self) -> bool:
+        """torchrun's interpreter still imports torch: the launch was handed to it, and it has
+        not marked its import done (a torchrun started afresh marks nothing)."""
+        return self.marks_ready and not self.control.torchrun_ready.exists()
 
     def _effective(self, name: str) -> str | None:
         """A variable as the workers get it: the user's value, else the plan's."""

@@ -228,3 +228,28 @@ def test_importing_the_module_has_no_side_effects(tmp_path):
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_torchrun_still_importing_torch_is_life_then_its_ready_mark_is(tmp_path):
+    """Beside a CPU hog torchrun's import of torch took 11 s after the launch, and a fixed
+    10 s timeout declared a hang before any rank existed (run 52): while torchrun's
+    interpreter has not marked its import done, this host is not silent; from the mark on
+    the silence counts from it."""
+    (tmp_path / "logs").mkdir()
+    control = tmp_path / "control"
+    control.mkdir()
+    ready = control / "torchrun.ready"
+    importing = [True]
+    activity = Activity(
+        RunDir(tmp_path), None, lambda: [ready], lambda: importing[0] and not ready.exists()
+    )
+    activity.since -= 100  # launched long ago, torchrun still importing
+    assert activity.idle() == pytest.approx(0, abs=0.5)
+    ready.touch()
+    _age(ready, 7)
+    activity._checked = 0.0
+    assert activity.idle() == pytest.approx(7, abs=1)
+    importing[0] = False  # (a torchrun started afresh never marks: the launch counts)
+    ready.unlink()
+    activity._checked = 0.0
+    assert activity.idle() == pytest.approx(100, abs=1)
