@@ -24,8 +24,6 @@ from container_entry.plan.gpus import GpuCount
 from container_entry.plan.settings import Settings
 from container_entry.plan.worker_defaults import version_tuple
 
-MODULE = TORCHRUN_MODULE
-
 # The oldest release we support: the torch of the oldest listed Hugging Face training DLC
 # (huggingface-pytorch-training:2.5.1-transformers4.49.0).
 OLDEST = (2, 5)
@@ -90,7 +88,7 @@ def flags(environ: Mapping[str, str], wanted: Mapping[str, str]) -> tuple[list[s
 
 def command(python: str, flag_argv: list[str]) -> tuple[str, ...]:
     """torchrun's whole command line: its options, then our worker module and nothing else."""
-    return (python, "-m", MODULE, *flag_argv, "-m", WORKER_MODULE)
+    return (python, "-m", TORCHRUN_MODULE, *flag_argv, "-m", WORKER_MODULE)
 
 
 def rendezvous_flags(

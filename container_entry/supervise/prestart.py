@@ -29,7 +29,12 @@ PATH_VAR = "PYTHONPATH"
 
 
 def spawn(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> subprocess.Popen:
-    """torchrun as a plain process."""
+    """torchrun started afresh: through the same main as an early one (`_torchrun_main`: the
+    store's host leaves last), else, for any other command, as it is."""
+    if list(argv[1:3]) == ["-m", TORCHRUN_MODULE]:
+        fresh = Prestarted(argv[0], env)
+        if fresh.process is not None:
+            return fresh.launch(argv, env, cwd)
     return subprocess.Popen(
         list(argv), env=dict(env), cwd=cwd, stderr=subprocess.PIPE, process_group=0
     )

@@ -15,6 +15,7 @@ import json
 
 import pytest
 
+from container_entry.common.programs import TORCHRUN_MODULE
 from container_entry.plan import torchrun
 from container_entry.plan.plan import build_plan
 from tests.compat import torch_launchers as tl
@@ -54,7 +55,7 @@ def test_flag_since_matches_every_release(version):
 
 
 def _check(version: str, argv: tuple[str, ...]) -> argparse.Namespace:
-    assert argv[1:3] == ("-m", torchrun.MODULE)
+    assert argv[1:3] == ("-m", TORCHRUN_MODULE)
     namespace = parse(parser(version), list(argv[3:]))
     assert not isinstance(namespace, str), f"torch {version} rejects {argv[3:]}: {namespace}"
     assert namespace.module and namespace.training_script == torchrun.WORKER_MODULE

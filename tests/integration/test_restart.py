@@ -10,6 +10,8 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from tests.integration.conftest import REPO, bootstrap_argv, bootstrap_env, control_dir, make_tree
 
 
@@ -30,12 +32,20 @@ def test_killed_worker_restarts_and_resumes_from_the_checkpoint(tmp_path):
     process = subprocess.Popen(
         bootstrap_argv(), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    checkpoint = tree.base / "checkpoints" / "checkpoint-10"
+    checkpoint = tree.base / "checkpoints" / "checkpoint-10" / "trainer_state.json"
+    pids = control_dir(process.pid) / "rank-1.pid"
     deadline = time.monotonic() + 240
-    while not (checkpoint / "trainer_state.json").exists() and time.monotonic() < deadline:
+    while not (checkpoint.exists() and pids.exists()) and time.monotonic() < deadline:
+        if process.poll() is not None:  # the job ended before the kill: say how
+            break
         time.sleep(0.2)
-    assert checkpoint.exists(), "no checkpoint was written"
-    record = json.loads((control_dir(process.pid) / "rank-1.pid").read_text())
+    if not (checkpoint.exists() and pids.exists()):
+        process.kill()
+        output, _ = process.communicate(timeout=60)
+        pytest.fail(
+            f"no checkpoint-10 or rank 1 pid file (job exit {process.returncode}):\n{output}"
+        )
+    record = json.loads(pids.read_text())
     os.kill(record["child"], signal.SIGKILL)  # the rank dies mid-training
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 0, output[-4000:]
