@@ -30,6 +30,11 @@ def children(pid: int) -> list[int]:
     return [child for child in found if not exited(child)]
 
 
+def childless(pid: int) -> bool:
+    """Running, with no live child process (from /proc: no wait, no reaping)."""
+    return not exited(pid) and not children(pid)
+
+
 def exited(pid: int) -> bool:
     """Gone, or a zombie its parent has not reaped yet."""
     try:

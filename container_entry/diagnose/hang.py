@@ -67,11 +67,11 @@ def is_hang(record: object) -> bool:
 class Activity:
     """When this host's ranks last showed life, from file times only (no wake-up per line).
     The start-up's steps are life too (`started`: torchrun's import done, each rank's pid file
-    as its wrapper starts the script), and so is the time torchrun's interpreter still imports
-    torch (`starting`: it marks the end): the silence of a fixed HANG_TIMEOUT counts from the
-    launch, then from each of them, so torchrun's own start-up (its import of torch, 11 s on
-    a busy machine: run 52 in docs/test-speed.md) is not taken for the script's silence; the
-    script's own start-up is."""
+    as its wrapper starts the script), and so is every moment torchrun has started no worker
+    yet (`starting`): the silence of a fixed HANG_TIMEOUT counts from the last of them, so
+    torchrun's own start-up (its import of torch, 11 s on a busy machine: run 52 in
+    docs/test-speed.md; its rendezvous and the workers' start after it, over 10 s in run 56)
+    is not taken for the script's silence; the script's own start-up is."""
 
     def __init__(
         self,
@@ -83,7 +83,8 @@ class Activity:
         self.run_dir = run_dir
         self.progress = progress
         self.started = started  # the start-up's marks (ControlDir.started)
-        self.starting = starting  # torchrun still importing (Supervisor.torchrun_starting)
+        self.starting = starting  # no worker yet (Supervisor.torchrun_starting)
+        self._starting_at = 0.0  # when `starting` was last seen true
         self.since = time.time()  # the launch
         self._checked = 0.0
         self._idle = 0.0
@@ -104,7 +105,8 @@ class Activity:
                 with contextlib.suppress(OSError):
                     started = max(started, os.stat(path).st_mtime)
             if self.starting():
-                started = now
+                self._starting_at = now
+            started = max(started, self._starting_at)
             self.printed = self.printed or latest > self.since
             self._checked, self._idle = now, max(0.0, now - max(latest, started))
         return self._idle + (now - self._checked)

@@ -31,7 +31,7 @@ from container_entry.common.layout import ControlDir, RunDir
 from container_entry.common.logs import log
 from container_entry.common.records import Command, RankRecord, read_json, shown_ranks
 from container_entry.common.stopping import Stop
-from container_entry.common.workers import Workers, reap_orphans
+from container_entry.common.workers import Workers, childless, reap_orphans
 from container_entry.diagnose import culprit, gpu_memory
 from container_entry.diagnose.failure import is_collective_timeout, is_cuda_oom, summarized, words
 from container_entry.diagnose.hang import PROGRESS_ENV, Activity
@@ -63,7 +63,7 @@ class Supervisor:
         self.member = member
         self.stop = stop
         self.prestarted = prestarted
-        self.marks_ready = False  # the launch went to the prestarted torchrun (torchrun_starting)
+        self.torchrun_pid: int | None = None  # once launched (torchrun_starting)
         # the master's: whether another host's bootstrap still runs its ranks (this torchrun
         # hosts the store they may still poll)
         self.peers_running = peers_running
@@ -112,14 +112,16 @@ class Supervisor:
         if self.prestarted is not None:
             ready = str(self.control.torchrun_ready)
             process = self.prestarted.launch(self.plan.argv, env, self.plan.code.code_dir, ready)
-            self.marks_ready = process is self.prestarted.process
-            return process
-        return spawn(self.plan.argv, env, self.plan.code.code_dir)
+        else:
+            process = spawn(self.plan.argv, env, self.plan.code.code_dir)
+        self.torchrun_pid = process.pid
+        return process
 
     def torchrun_starting(self) -> bool:
-        """torchrun's interpreter still imports torch: the launch was handed to it, and it has
-        not marked its import done (a torchrun started afresh marks nothing)."""
-        return self.marks_ready and not self.control.torchrun_ready.exists()
+        """torchrun runs and has started no worker yet: its import of torch, its rendezvous,
+        the gap between a restart's groups (from /proc: no wait, no reaping, safe from the side
+        channel's thread). That is no script's silence."""
+        return self.torchrun_pid is not None and childless(self.torchrun_pid)
 
     def _effective(self, name: str) -> str | None:
         """A variable as the workers get it: the user's value, else the plan's."""

@@ -658,6 +658,9 @@ def test_a_join_from_an_address_its_host_does_not_resolve_to_is_refused(capsys):
     coordinator = Coordinator(("algo-1", "algo-2"), port, key=KEY, resolve=resolve, **FAST)
     one, two = keyed("algo-1", port), keyed("algo-2", port)  # both from 127.0.0.1
     raised = background_join(one, 10)
+    deadline = time.monotonic() + 30  # algo-1 in first (a loaded machine delays its thread)
+    while not coordinator.has_joined("algo-1") and time.monotonic() < deadline:
+        time.sleep(0.01)
     with pytest.raises(NetworkError, match=r"refused this host \(not a host of this job: address"):
         two.join(5)
     assert coordinator.missing() == ["algo-2"] and not raised

@@ -6,6 +6,7 @@ on real torchrun workers, one host and two: tests/integration/test_hang.py."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from container_entry.common.errors import ConfigError
 from container_entry.common.exits import ExitCode
 from container_entry.common.layout import RunDir
 from container_entry.common.records import RankRecord
+from container_entry.common.workers import childless
 from container_entry.diagnose.hang import (
     AUTO_FLOOR,
     PROGRESS_ENV,
@@ -230,26 +232,64 @@ def test_importing_the_module_has_no_side_effects(tmp_path):
     assert out.stdout.strip() == "[]"
 
 
-def test_torchrun_still_importing_torch_is_life_then_its_ready_mark_is(tmp_path):
-    """Beside a CPU hog torchrun's import of torch took 11 s after the launch, and a fixed
-    10 s timeout declared a hang before any rank existed (run 52): while torchrun's
-    interpreter has not marked its import done, this host is not silent; from the mark on
-    the silence counts from it."""
+def test_torchrun_before_its_workers_is_life_then_the_silence_counts_from_then(tmp_path):
+    """Beside a CPU hog torchrun's import of torch took 11 s after the launch (run 52), and its
+    rendezvous and the workers' start after it over 10 s (run 56): a fixed 10 s timeout
+    declared a hang before any rank had run. While torchrun has started no worker, this host
+    is not silent; after that the silence counts from the last moment it was seen so, or from
+    a later start mark (a rank's pid file), never from the launch."""
     (tmp_path / "logs").mkdir()
     control = tmp_path / "control"
     control.mkdir()
-    ready = control / "torchrun.ready"
-    importing = [True]
+    starting = [True]
     activity = Activity(
-        RunDir(tmp_path), None, lambda: [ready], lambda: importing[0] and not ready.exists()
+        RunDir(tmp_path), None, lambda: sorted(control.glob("rank-*.pid")), lambda: starting[0]
     )
-    activity.since -= 100  # launched long ago, torchrun still importing
+    activity.since -= 100  # launched long ago, torchrun not yet past its start-up
     assert activity.idle() == pytest.approx(0, abs=0.5)
-    ready.touch()
-    _age(ready, 7)
+    starting[0] = False  # its workers started
+    activity._starting_at -= 30  # last seen starting 30 s ago
     activity._checked = 0.0
-    assert activity.idle() == pytest.approx(7, abs=1)
-    importing[0] = False  # (a torchrun started afresh never marks: the launch counts)
-    ready.unlink()
+    assert activity.idle() == pytest.approx(30, abs=1)  # not 100: the launch is long past
+    (control / "rank-0.pid").write_text("{}")
+    _age(control / "rank-0.pid", 20)  # a rank's start, later than that
     activity._checked = 0.0
-    assert activity.idle() == pytest.approx(100, abs=1)
+    assert activity.idle() == pytest.approx(20, abs=1)
+    starting[0] = True  # a restart: torchrun between two groups, no worker
+    activity._checked = 0.0
+    assert activity.idle() == pytest.approx(0, abs=0.5)
+
+
+def test_a_torchrun_is_starting_while_it_runs_without_a_worker(tmp_path):
+    """Supervisor.torchrun_starting's test, on real processes: running with no child (its
+    import, its rendezvous) is starting; with a child (a worker's wrapper), or gone, it is
+    not."""
+    go = tmp_path / "go"
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, subprocess, sys, time\n"
+            "while not os.path.exists(sys.argv[1]): time.sleep(0.02)\n"
+            "child = subprocess.Popen(['sleep', '60'])\n"
+            "print(child.pid, flush=True)\n"
+            "time.sleep(60)\n",
+            str(go),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert childless(parent.pid)
+        go.touch()
+        child = int(parent.stdout.readline())
+        assert not childless(parent.pid)
+        os.kill(child, signal.SIGKILL)  # a zombie until reaped: no live child
+        deadline = time.monotonic() + 30
+        while not childless(parent.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert childless(parent.pid)
+    finally:
+        parent.kill()
+        parent.wait()
+    assert not childless(parent.pid)  # gone
