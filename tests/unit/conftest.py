@@ -38,3 +38,15 @@ def make_env(**overrides: Any) -> Environment:
 @pytest.fixture
 def env_factory():
     return make_env
+
+
+def record_backoff(monkeypatch, module) -> list[float]:
+    """The waits `module.backoff` hands out from now on, in order (the real function's)."""
+    real, scheduled = module.backoff, []
+
+    def recorded(attempt: int, cap: float, *args) -> float:
+        scheduled.append(real(attempt, cap, *args))
+        return scheduled[-1]
+
+    monkeypatch.setattr(module, "backoff", recorded)
+    return scheduled

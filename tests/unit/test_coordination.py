@@ -19,6 +19,7 @@ from container_entry.common.records import PEER_GONE, RankRecord
 from container_entry.hosts import Coordinator, Member, PeerFailure
 from container_entry.hosts.keys import join_proof, welcome_proof
 from container_entry.hosts.liveness import tune
+from tests.unit.conftest import record_backoff
 
 # 1 s, not less: the tests run beside busy jobs (make test runs them in parallel, the CodeBuild
 # harness runs make unit there), and a thread starved for 0.3 s made a member take its master
@@ -374,14 +375,7 @@ def test_a_member_up_before_the_master_joins_soon_after_the_master_listens(monke
     the member was refused `refusals` times, and the member joins."""
     from container_entry.hosts import member as member_module
 
-    asked: list[float] = []
-
-    def recorded(attempt: int, cap: float, *args) -> float:
-        asked.append(network_backoff(attempt, cap, *args))
-        return asked[-1]
-
-    network_backoff = member_module.backoff
-    monkeypatch.setattr(member_module, "backoff", recorded)
+    asked = record_backoff(monkeypatch, member_module)
     port = free_port()
     hosts = ("algo-1", "algo-2")
     two = member("algo-2", port)

@@ -10,7 +10,7 @@ from container_entry.common.errors import NetworkError
 from container_entry.hosts import network
 from container_entry.hosts.session import Session
 from container_entry.plan.plan import build_plan
-from tests.unit.conftest import make_env
+from tests.unit.conftest import make_env, record_backoff
 
 HOSTS = tuple(f"algo-{i}" for i in range(1, 257))
 
@@ -90,14 +90,7 @@ def test_a_name_that_appears_late_is_found_within_its_backoff_not_a_whole_interv
     not a whole `interval` (1 s) later. Judged on the retries it schedules, not on the wall
     time: beside a busy suite a thread's sleep overshoots (0.93 s where 0.75 s was due, run
     28; a first lookup 20 ms late, run 57)."""
-    scheduled: list[float] = []
-
-    def recorded(attempt: int, cap: float, *args) -> float:
-        scheduled.append(real_backoff(attempt, cap, *args))
-        return scheduled[-1]
-
-    real_backoff = network.backoff
-    monkeypatch.setattr(network, "backoff", recorded)
+    scheduled = record_backoff(monkeypatch, network)
     asked: list[str] = []
 
     def resolves(name: str) -> bool:
