@@ -138,6 +138,11 @@ bench-hook: venv standin ## what the SDK v3 hook (BASH_ENV) costs other processe
 	$(MAKE) --no-print-directory build BASE_IMAGE=$(STANDIN) IMAGE=container-entry:bench
 	$(PYTHON) -m scripts.bench.sdk_hook --image container-entry:bench --instructions $(ARGS)
 
+.PHONY: bench-import
+bench-import: venv standin ## torch's import in the launcher and a rank: plain vs as the product does it (GC paused, one BLAS thread), CPU and wall in the image -> docs/benchmarks.md
+	$(MAKE) --no-print-directory build BASE_IMAGE=$(STANDIN) IMAGE=container-entry:bench
+	$(PYTHON) -m scripts.bench.torch_import --image container-entry:bench $(ARGS)
+
 .PHONY: bench-liveness
 bench-liveness: venv ## N-host simulation of the real bootstrap (2-256 hosts): a killed, frozen, cut-off host noticed in ... s -> docs/liveness.md
 	$(PYTHON) -m scripts.simulate.hosts --hosts 2 16 64 256 --write-docs docs/liveness.md $(ARGS)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from container_entry.supervise import _torchrun_main
 from container_entry.supervise.prestart import Prestarted, added_path, start_environment
 
 ARGV_HEAD = [sys.executable, "-m", "torch.distributed.run"]
@@ -36,11 +37,14 @@ def fake_launcher(root: Path, import_seconds: float = 0.0, broken: bool = False)
         f"time.sleep({import_seconds})\n"
         + ("raise ImportError('planted: torch is broken in this image')\n" if broken else "")
         + "IMPORTED_WITH = list(sys.path)\n"
+        "import gc\n"
+        "IMPORT_SAW = {'gc': gc.isenabled(), 'blas': os.environ.get('OPENBLAS_NUM_THREADS')}\n"
         "def main(args=None):\n"
         "    with open(os.environ['RECORD'], 'w') as handle:\n"
         "        json.dump({'args': args, 'argv0': sys.argv[0], 'cwd': os.getcwd(),\n"
         "                   'env': dict(os.environ), 'path0': sys.path[0], 'path': sys.path,\n"
-        "                   'pid': os.getpid(),\n"
+        "                   'pid': os.getpid(), 'import_saw': IMPORT_SAW,\n"
+        "                   'gc': gc.isenabled(),\n"
         "                   'imported_with': IMPORTED_WITH}, handle)\n"
         "if __name__ == '__main__':  # started plainly, as `python -m torch.distributed.run`\n"
         "    main(sys.argv[1:])\n"
@@ -81,6 +85,51 @@ def test_the_launch_runs_exactly_the_handed_command_line_environment_and_folder(
     assert shown == env  # the final environment replaces the one it started with
     prestarted.discard()  # after a launch: nothing to end
     assert process.poll() == 0
+
+
+@pytest.mark.parametrize("users", [None, "3", ""])
+def test_the_launcher_imports_with_the_gc_paused_and_one_blas_thread_and_runs_as_it_was(
+    tmp_path, users
+):
+    """_torchrun_main.import_launcher: what torch's import sees (the GC off, OpenBLAS on one
+    thread unless the user chose), and what the launch sees (the GC on, its environment)."""
+    fake = fake_launcher(tmp_path)
+    given = {} if users is None else {"OPENBLAS_NUM_THREADS": users}
+    prestarted = start(fake, **given)
+    record = tmp_path / "record.json"
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(fake), "RECORD": str(record), **given}
+    process = prestarted.launch([*ARGV_HEAD, "--standalone"], env, str(tmp_path))
+    assert process.wait(timeout=30) == 0, process.stderr.read().decode()
+    got = json.loads(record.read_text())
+    assert got["import_saw"] == {"gc": False, "blas": "1" if users is None else users}
+    assert got["gc"] is True
+    assert got["env"].get("OPENBLAS_NUM_THREADS") == given.get("OPENBLAS_NUM_THREADS")
+
+
+def test_torchs_import_in_the_launcher_starts_no_blas_thread():
+    """Real torch: numpy's OpenBLAS starts a thread per CPU it is told of (OMP_NUM_THREADS=4
+    here, so the count does not depend on this machine's CPUs); the launcher's import starts
+    none and leaves the variable as it found it."""
+    main = Path(_torchrun_main.__file__)
+    probe = (
+        "import os, runpy, sys\n"
+        f"launcher = runpy.run_path({str(main)!r}, run_name='m')['import_launcher']\n"
+        "before = len(os.listdir('/proc/self/task'))\n"
+        "launcher() if sys.argv[1] == 'ours' else __import__('torch.distributed.run')\n"
+        "print(len(os.listdir('/proc/self/task')) - before, "
+        "os.environ.get('OPENBLAS_NUM_THREADS'))\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "4"}
+    env.pop("OPENBLAS_NUM_THREADS", None)
+    started = {}
+    for how in ("plain", "ours"):
+        out = subprocess.run(
+            [sys.executable, "-c", probe, how], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr
+        started[how] = out.stdout.split()
+    assert started["plain"][0] != "0", started  # the check can tell: numpy's OpenBLAS is there
+    assert started["ours"] == ["0", "None"], started
 
 
 @pytest.mark.parametrize("import_seconds", [0.0, 8.0])

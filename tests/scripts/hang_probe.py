@@ -15,7 +15,7 @@
                     others call an all_reduce of 4096 float32 (a desync to name)
 --pg-timeout S: the collectives time out after S seconds (gloo's own timeout, as NCCL's
                 watchdog would end them)
---abort-when-a-peer-dies 1: as NCCL does (TORCH_NCCL_ASYNC_ERROR_HANDLING, its default): a
+--abort-when-a-peer-dies 1: as NCCL does (torch's async error handling, its default): a
                 rank whose connection to any peer breaks aborts at once (no atexit, no record
                 at its death). gloo notices only where a collective waits on that peer.
 """

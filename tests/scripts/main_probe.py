@@ -2,6 +2,7 @@
 so a test can compare a run with the preflight in the same Python against a plain
 `python script.py` (issue 27). `--die` ends it with an uncaught exception instead."""
 
+import gc
 import json
 import multiprocessing
 import os
@@ -56,6 +57,7 @@ def facts():
         "path0": sys.path[0],
         "path_rest": sys.path[1:],
         "flags": list(sys.flags),
+        "gc": [gc.isenabled(), gc.get_threshold()],  # the preflight imports torch with it paused
         "cwd": os.getcwd(),
         "pickled": pickle.loads(pickle.dumps(square))(4),
         "spawned": spawned,
