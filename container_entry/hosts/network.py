@@ -73,6 +73,8 @@ class _Lookups:
             except Exception:  # an injected resolver's bug is a name that did not resolve
                 ok = False
             with self.cond:
+                if self.over:  # abandoned at the deadline: nobody waits for this name now
+                    return
                 if ok:
                     self.pending.pop(name, None)
                 else:

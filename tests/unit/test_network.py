@@ -65,6 +65,34 @@ def test_a_lookup_that_hangs_cannot_hold_the_bootstrap_past_its_timeout():
     never.set()
 
 
+@pytest.mark.parametrize("outcome", ["missing", "found", "raises"])
+def test_a_lookup_abandoned_at_the_deadline_schedules_nothing_when_it_returns(monkeypatch, outcome):
+    """A lookup still running at the deadline is abandoned (its thread is a daemon). When it
+    returns, whatever it found, the wait is over: its thread ends without asking `backoff` for
+    a retry nobody waits for. Run 62, beside a CPU hog: a later test in the same process
+    counted 29 first retries (0.05 s) besides its own, asked for by the abandoned lookups of
+    the 256-name test."""
+    release, threads = threading.Event(), []
+
+    def resolves(name: str) -> bool:
+        threads.append(threading.current_thread())
+        release.wait()
+        if outcome == "raises":
+            raise OSError("a resolver's error")
+        return outcome == "found"
+
+    with pytest.raises(NetworkError, match=r"host 'algo-1' did not resolve within 0.2 s"):
+        network.wait_for_hosts(("algo-1", "algo-2"), 0.2, resolves=resolves, parallel=2)
+    asked = []
+    real = network.backoff
+    monkeypatch.setattr(network, "backoff", lambda *args: asked.append(args) or real(*args))
+    release.set()
+    for thread in threads:
+        thread.join(10.0)
+        assert not thread.is_alive()
+    assert len(threads) == 2 and asked == []
+
+
 def test_a_name_that_resolves_late_is_retried_until_it_does():
     tries: dict[str, int] = {}
 
