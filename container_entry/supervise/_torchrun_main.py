@@ -102,11 +102,12 @@ def leave(passed: list) -> None:
 
 
 def import_launcher():
-    """torch.distributed.run, imported for about a tenth less CPU (docs/benchmarks.md): the
-    cyclic GC paused (torch 2.9's import runs ~320 collections that free 6,000 of its 160,000
-    objects), and numpy's OpenBLAS, which torch loads, on one thread (its idle threads spin; the
-    launcher does no linear algebra). The variable lasts the import only: OpenBLAS reads it as
-    it loads, and the workers get the launch's environment. A user's own value stays."""
+    """torch.distributed.run, imported for 0.83x the CPU (make bench-import, docs/benchmarks.md):
+    the cyclic GC paused (torch 2.9's import runs ~310 collections that free ~6,000 of its
+    ~161,000 objects), and numpy's OpenBLAS, which torch loads, on one thread (its idle threads
+    spin; the launcher does no linear algebra). The variable lasts the import only: OpenBLAS
+    reads it as it loads, and the workers get the launch's environment. A user's own value
+    stays."""
     blas = "OPENBLAS_NUM_THREADS"
     ours = blas not in os.environ
     if ours:
