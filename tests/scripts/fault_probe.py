@@ -44,6 +44,9 @@ parser.add_argument("--poll-store", action="store_true")
 parser.add_argument("--linger-host", default="")  # this host's ranks work on after training
 parser.add_argument("--linger-seconds", type=float, default=0.0)
 parser.add_argument("--exit-seconds", type=float, default=0.0)  # the script's own exit handler
+# training ends after the step in which any rank saw this file (the step's all_reduce carries it,
+# so every rank ends at the same step): a test ends a job when it has done what it came to do
+parser.add_argument("--until-file", default="")
 args, _ = parser.parse_known_args()
 
 out = os.environ["SM_OUTPUT_DATA_DIR"]
@@ -114,15 +117,19 @@ while step < args.steps:
             sys.exit(3)
         if args.fault == "sigkill-self":
             os.kill(os.getpid(), signal.SIGKILL)
+    values = torch.ones(2)
+    values[1] = float(bool(args.until_file) and os.path.exists(args.until_file))
     if args.checkpoint_on_term:
-        work = dist.all_reduce(torch.ones(1), async_op=True)
+        work = dist.all_reduce(values, async_op=True)
         while not work.is_completed():
             time.sleep(0.005)
         work.wait()
     else:
-        dist.all_reduce(torch.ones(1))
+        dist.all_reduce(values)
     print(f"step {step} rank {rank} t={time.time():.3f}", flush=True)
     step += 1
+    if values[1] > 0:
+        break
     deadline = time.time() + args.step_seconds
     while time.time() < deadline:  # sleep in slices so a signal handler runs promptly
         time.sleep(0.05)
