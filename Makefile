@@ -139,7 +139,7 @@ bench-hook: venv standin ## what the SDK v3 hook (BASH_ENV) costs other processe
 	$(PYTHON) -m scripts.bench.sdk_hook --image container-entry:bench --instructions $(ARGS)
 
 .PHONY: bench-import
-bench-import: venv standin ## torch's import in the launcher and a rank: plain vs as the product does it (GC paused, one BLAS thread), CPU and wall in the image -> docs/benchmarks.md
+bench-import: venv standin ## torch's import in the launcher and its first work: plain vs as the product does it (one BLAS thread) vs the GC paused, CPU and wall in the image -> docs/benchmarks.md
 	$(MAKE) --no-print-directory build BASE_IMAGE=$(STANDIN) IMAGE=container-entry:bench
 	$(PYTHON) -m scripts.bench.torch_import --image container-entry:bench $(ARGS)
 

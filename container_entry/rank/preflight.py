@@ -25,7 +25,6 @@ started.
 from __future__ import annotations
 
 import datetime
-import gc
 import inspect
 import os
 import statistics
@@ -230,16 +229,10 @@ def _bandwidth(me: Rank, device: Any) -> str:
 
 
 def import_torch() -> Any:
-    """torch, imported with the cyclic GC paused: torch 2.9's import runs ~310 collections that
-    free ~6,000 of its ~161,000 objects (0.90x the import's CPU paused, docs/benchmarks.md). The
-    script that runs next in this Python finds torch imported and the GC as it was."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        import torch.distributed as dist
-    finally:
-        if enabled:
-            gc.enable()
+    """torch.distributed, for the script that runs next in the same Python (it finds torch
+    imported)."""
+    import torch.distributed as dist
+
     return dist
 
 

@@ -14,7 +14,6 @@ agent, once its torchrun is done with the store, checks out; the store's host wa
 
 import contextlib
 import ctypes
-import gc
 import json
 import os
 import sys
@@ -102,21 +101,19 @@ def leave(passed: list) -> None:
 
 
 def import_launcher():
-    """torch.distributed.run, imported for 0.83x the CPU (make bench-import, docs/benchmarks.md):
-    the cyclic GC paused (torch 2.9's import runs ~310 collections that free ~6,000 of its
-    ~161,000 objects), and numpy's OpenBLAS, which torch loads, on one thread (its idle threads
-    spin; the launcher does no linear algebra). The variable lasts the import only: OpenBLAS
-    reads it as it loads, and the workers get the launch's environment. A user's own value
-    stays."""
+    """torch.distributed.run, imported with numpy's OpenBLAS, which torch loads, on one thread:
+    it starts one per CPU but one (95 on a 96-CPU instance), idle in a launcher that does no
+    linear algebra. The variable lasts the import only: OpenBLAS reads it as it loads, and the
+    workers get the launch's environment. A user's own value stays. (The cyclic GC is left
+    alone: paused for the import, its ~310 collections were only put off to the launcher's
+    first work, 1.00x the CPU in all, docs/benchmarks.md.)"""
     blas = "OPENBLAS_NUM_THREADS"
     ours = blas not in os.environ
     if ours:
         os.environ[blas] = "1"
-    gc.disable()
     try:
         import torch.distributed.run as run
     finally:
-        gc.enable()
         if ours:
             os.environ.pop(blas, None)
     return run

@@ -37,14 +37,12 @@ def fake_launcher(root: Path, import_seconds: float = 0.0, broken: bool = False)
         f"time.sleep({import_seconds})\n"
         + ("raise ImportError('planted: torch is broken in this image')\n" if broken else "")
         + "IMPORTED_WITH = list(sys.path)\n"
-        "import gc\n"
-        "IMPORT_SAW = {'gc': gc.isenabled(), 'blas': os.environ.get('OPENBLAS_NUM_THREADS')}\n"
+        "IMPORT_SAW = {'blas': os.environ.get('OPENBLAS_NUM_THREADS')}\n"
         "def main(args=None):\n"
         "    with open(os.environ['RECORD'], 'w') as handle:\n"
         "        json.dump({'args': args, 'argv0': sys.argv[0], 'cwd': os.getcwd(),\n"
         "                   'env': dict(os.environ), 'path0': sys.path[0], 'path': sys.path,\n"
         "                   'pid': os.getpid(), 'import_saw': IMPORT_SAW,\n"
-        "                   'gc': gc.isenabled(),\n"
         "                   'imported_with': IMPORTED_WITH}, handle)\n"
         "if __name__ == '__main__':  # started plainly, as `python -m torch.distributed.run`\n"
         "    main(sys.argv[1:])\n"
@@ -88,11 +86,9 @@ def test_the_launch_runs_exactly_the_handed_command_line_environment_and_folder(
 
 
 @pytest.mark.parametrize("users", [None, "3", ""])
-def test_the_launcher_imports_with_the_gc_paused_and_one_blas_thread_and_runs_as_it_was(
-    tmp_path, users
-):
-    """_torchrun_main.import_launcher: what torch's import sees (the GC off, OpenBLAS on one
-    thread unless the user chose), and what the launch sees (the GC on, its environment)."""
+def test_the_launcher_imports_with_one_blas_thread_and_runs_as_it_was(tmp_path, users):
+    """_torchrun_main.import_launcher: what torch's import sees (OpenBLAS on one thread unless
+    the user chose), and what the launch sees (its environment)."""
     fake = fake_launcher(tmp_path)
     given = {} if users is None else {"OPENBLAS_NUM_THREADS": users}
     prestarted = start(fake, **given)
@@ -101,8 +97,7 @@ def test_the_launcher_imports_with_the_gc_paused_and_one_blas_thread_and_runs_as
     process = prestarted.launch([*ARGV_HEAD, "--standalone"], env, str(tmp_path))
     assert process.wait(timeout=30) == 0, process.stderr.read().decode()
     got = json.loads(record.read_text())
-    assert got["import_saw"] == {"gc": False, "blas": "1" if users is None else users}
-    assert got["gc"] is True
+    assert got["import_saw"] == {"blas": "1" if users is None else users}
     assert got["env"].get("OPENBLAS_NUM_THREADS") == given.get("OPENBLAS_NUM_THREADS")
 
 

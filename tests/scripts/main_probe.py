@@ -57,7 +57,7 @@ def facts():
         "path0": sys.path[0],
         "path_rest": sys.path[1:],
         "flags": list(sys.flags),
-        "gc": [gc.isenabled(), gc.get_threshold()],  # the preflight imports torch with it paused
+        "gc": [gc.isenabled(), gc.get_threshold()],  # as Python leaves it, preflight or not
         "cwd": os.getcwd(),
         "pickled": pickle.loads(pickle.dumps(square))(4),
         "spawned": spawned,

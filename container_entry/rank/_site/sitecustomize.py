@@ -20,10 +20,6 @@ PYTHONPATH), with no change to the user's script:
   cannot unwind: "terminate called without an active exception", SIGABRT, a finished job
   failed, in about one run in two of a two-rank script (NCCL's watchdog and heartbeat
   threads are ended there too);
-- torch's first import with Python's cyclic GC paused (the GC as it was again after it): the
-  import runs some 300 collections that free about 6,000 of its ~160,000 objects, a fifth of
-  the import's CPU in every rank (docs/benchmarks.md). Nothing else changes: the script's
-  `import torch` (or that of a library it imports first) returns torch as before;
 - a flight-recorder dump on request: a daemon thread blocked on the rank's request FIFO (it costs
   nothing until asked) writes torch's collective records as JSON, atomically, when the launcher
   writes a byte there. A thread, not a signal handler: a rank that hangs sits in a collective's
@@ -37,7 +33,6 @@ so a Python the script starts does not take them over.
 
 import contextlib
 import faulthandler
-import gc
 import importlib.machinery
 import importlib.util
 import os
@@ -205,47 +200,6 @@ if _request and _target:
     threading.Thread(
         target=_serve_dumps, args=(_request, _target), daemon=True, name="container-entry-fr"
     ).start()
-
-
-class _TorchImport:
-    """A meta path finder that hands out torch's spec with its module's execution wrapped in a
-    GC pause. It stays until torch has been executed: libraries ask `find_spec("torch")` before
-    they import it (transformers does), and only the import itself executes the module."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "torch":
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        run = getattr(loader, "exec_module", None)
-        if loader is None or run is None or not hasattr(loader, "__dict__"):
-            return spec  # a loader of another kind: torch imports as it would without us
-
-        def paused(module) -> None:
-            with contextlib.suppress(ValueError):
-                sys.meta_path.remove(self)  # torch is executed once per process
-            vars(loader).pop("exec_module", None)  # the loader's own method again
-            enabled = gc.isenabled()
-            gc.disable()
-            try:
-                run(module)
-            finally:
-                if enabled:
-                    gc.enable()
-
-        vars(loader)["exec_module"] = paused  # this spec's loader only, until torch ran
-        return spec
-
-
-if "torch" not in sys.modules:
-    sys.meta_path.insert(0, _TorchImport())
 
 _here = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.machinery.PathFinder.find_spec(
