@@ -143,7 +143,8 @@ class Job:
             self.succeeded = True
             return result.exit_code
         log(f"failed: {result.reason}")
-        self.session.post_failure(result.reason, result.exit_code)  # unless posted already
+        began = self.stop.at if ending.kind is Kind.STOPPED else None  # a stop has a moment
+        self.session.post_failure(result.reason, result.exit_code, began)  # unless posted
         ranks = {str(rank): record.to_json() for rank, record in sorted(run.results.items())}
         outcome.failure(result.reason, result.details, {"reason": result.reason, "ranks": ranks})
         return result.exit_code

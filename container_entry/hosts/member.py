@@ -294,10 +294,11 @@ class Member:
 
     def post_failure(self, failure: RankRecord) -> None:
         """Tell the others why this host failed, and never echo another's failure: after an
-        abort only a rank's failure that began before the abort arrived, which may still be
-        the job's first (the master decides). Once, unless a rank's failure that began
-        earlier than the one posted turns up: the first rank seen to end is posted at once,
-        and a victim (its peer's exit closed its connection) may end before its culprit."""
+        abort only a failure with a moment of its own (a rank's, a stop's signal) that began
+        before the abort arrived, which may still be the job's first (the master decides).
+        Once, unless a rank's failure that began earlier than the one posted turns up: the
+        first rank seen to end is posted at once, and a victim (its peer's exit closed its
+        connection) may end before its culprit."""
         began = failure.began
         if self.posted and not (
             failure.rank is not None
@@ -308,9 +309,7 @@ class Member:
             return
         if self.aborted.is_set():
             arrived = self.aborted_at
-            if failure.rank is None or began is None or arrived is None:
-                return
-            if began > arrived:
+            if began is None or arrived is None or began > arrived:
                 return
         self.posted, self.posted_began = True, began
         self._send(Failed(type=Kind.FAILED, failure=fitted(failure.relayed())))

@@ -140,16 +140,17 @@ class Session:
             threads = shared.env["OMP_NUM_THREADS"]
             log(f"OMP_NUM_THREADS={threads.value}: {threads.reason}")
 
-    def post_failure(self, what: str, exit_code: int) -> None:
+    def post_failure(self, what: str, exit_code: int, began: float | None = None) -> None:
         """Tell the other hosts why this one cannot go on: a bootstrap error, or the final
         verdict of a run nothing was posted for yet (torchrun failing before any rank
-        reported, a stop). Posts once; never echoes a failure another host relayed."""
+        reported, a stop). `began`: when it began, where that is known (a stop's signal),
+        for the master's order. Posts once; never echoes a failure another host relayed."""
         if self.member:
-            self.member.post_failure(
-                RankRecord(
-                    host=self.plan.topology.current_host, rank=None, returncode=exit_code, what=what
-                )
+            here = self.plan.topology.current_host
+            record = RankRecord(
+                host=here, rank=None, returncode=exit_code, what=what, failed_at=began
             )
+            self.member.post_failure(record)
 
     def peers_running(self) -> Callable[[], bool] | None:
         """On the master, whose torchrun hosts the job's store: whether another host's workers

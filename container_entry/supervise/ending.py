@@ -10,9 +10,10 @@ left (`Observed`) into the exit code and the failure file's lines.
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from container_entry.common.exits import ExitCode, of_returncode, of_signal, signal_number
+from container_entry.common.exits import ExitCode, of_returncode, stopped_exit_code
 from container_entry.common.layout import RunDir
 from container_entry.common.records import RankRecord
 from container_entry.common.text import escaped
@@ -118,7 +119,7 @@ def verdict(ending: Ending, run: Observed, host: str, run_dir: RunDir) -> Verdic
     if kind is Kind.STOPPED:  # what torchrun returned after being ended says nothing here
         if finished_before_stop(run):
             return Verdict(ExitCode.SUCCESS, "", [])
-        code = of_signal(signal_number(run.stop_signal or "SIGTERM") or 15)
+        code = stopped_exit_code(run.stop_signal)
         return Verdict(code, stopped_text(run, host), details)
     if kind is Kind.HUNG:  # first line exactly the verdict; then where each rank was
         assert record is not None
@@ -157,6 +158,27 @@ def finished_before_stop(run: Observed) -> bool:
     )
 
 
+def stop_cut_a_script(run: Observed, ended: Collection[int]) -> bool:
+    """Whether a stop that just came reached a script still running, as far as the moment
+    shows: no rank announced itself yet, or a launched rank has neither a record nor noted its
+    script's end (`ended`: the ranks whose script did, sitecustomize's mark). Then the other
+    hosts hear of the stop at once, before its ranks go, whose leaving breaks the other hosts'
+    connections: their ranks' errors about that are its consequences, and the stop, told
+    first and with its moment, is the job's first failure on every host. When every script
+    had ended, the verdict may still be a success (`finished_before_stop`), told at the end."""
+    if not run.launched:
+        return True
+    return any(rank not in run.results and rank not in ended for rank in run.launched)
+
+
+def stopped_words(stop_signal: str | None, host: str) -> str:
+    """A stop in words that name the host it reached, for every host's first line."""
+    return (
+        f"job stopped by {stop_signal} on {host} (StopTrainingJob, Spot interruption or "
+        "docker stop)"
+    )
+
+
 def stopped_text(run: Observed, host: str) -> str:
     """How many ranks exited in time after a stop, and which were still running and killed."""
     stop_at = run.stop_at or 0.0
@@ -164,10 +186,7 @@ def stopped_text(run: Observed, host: str) -> str:
     slowest = max((max(0.0, (r.ended_at or 0) - stop_at) for r in exited), default=0.0)
     killed = sorted(run.launched - set(run.results))
     total = len(run.launched) or len(exited)
-    text = (
-        f"job stopped by {run.stop_signal} on {host} (StopTrainingJob, Spot interruption or "
-        "docker stop): "
-    )
+    text = f"{stopped_words(run.stop_signal, host)}: "
     if killed:
         ranks = ", ".join(map(str, killed))
         were = "were" if len(killed) > 1 else "was"

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
+from container_entry.common.exits import stopped_exit_code
 from container_entry.common.layout import ControlDir, RunDir
 from container_entry.common.logs import log
 from container_entry.common.records import Command, RankRecord, read_json, shown_ranks
@@ -37,7 +38,15 @@ from container_entry.diagnose.failure import is_collective_timeout, is_cuda_oom,
 from container_entry.diagnose.hang import PROGRESS_ENV, Activity
 from container_entry.hosts import Member
 from container_entry.plan.plan import Plan
-from container_entry.supervise.ending import Ending, Kind, Observed, Seen, decide
+from container_entry.supervise.ending import (
+    Ending,
+    Kind,
+    Observed,
+    Seen,
+    decide,
+    stop_cut_a_script,
+    stopped_words,
+)
 from container_entry.supervise.prestart import Prestarted, spawn
 from container_entry.supervise.teardown import Hanging, Stopping, Teardown, Winding
 from container_entry.supervise.torchrun_output import TorchrunOutput
@@ -211,6 +220,7 @@ class Supervisor:
         record = ending.record
         if ending.kind is Kind.STOPPED:
             self.observed.stop_signal, self.observed.stop_at = self.stop.signal, self.stop.at
+            self._tell_the_stop()
             grace = self.settings.stop_grace_period
             return Stopping(*parts, grace, self.control, self.peers_running)
         if ending.kind is Kind.HUNG:
@@ -273,6 +283,18 @@ class Supervisor:
             member.hang_culprit()  # every host's records are in (or the wait is over)
 
         return share
+
+    def _tell_the_stop(self) -> None:
+        """Several hosts: a stop that cuts a running script, told to the others with its
+        moment before this host's ranks are signalled (ending.stop_cut_a_script)."""
+        member = self.member
+        ended = {r for r in self.observed.launched if self.control.exiting(r).exists()}
+        if member is None or not stop_cut_a_script(self.observed, ended):
+            return
+        host, name = self.plan.topology.current_host, self.stop.signal
+        code, what = stopped_exit_code(name), stopped_words(name, host)
+        at = self.stop.at
+        member.post_failure(RankRecord(host, None, returncode=code, what=what, failed_at=at))
 
     def _teller(self, record: RankRecord) -> Callable[[], None] | None:
         member = self.member

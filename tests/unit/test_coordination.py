@@ -1196,6 +1196,62 @@ def test_a_host_posts_again_for_a_rank_whose_failure_began_before_the_one_it_pos
     coordinator.close()
 
 
+@pytest.mark.parametrize("words", PEER_GONE)
+@pytest.mark.parametrize("consequence_first", [True, False])
+def test_a_stop_told_with_its_moment_comes_before_the_errors_its_ranks_leaving_caused(
+    words, consequence_first
+):
+    """algo-2 is stopped while training: it posts the stop with the signal's moment before its
+    ranks go, and algo-1's rank then fails on the broken connection (each of gloo's and NCCL's
+    words for it). Whichever reaches the master first, every host's first failure is the stop,
+    naming algo-2; a failure of another kind that began before the stop stays first."""
+    port = free_port()
+    coordinator = Coordinator(("algo-1", "algo-2"), port, **FAST)
+    one, two = member("algo-1", port), member("algo-2", port)
+    join_all([one, two])
+    clocks_measured(coordinator)
+    now = time.time()
+    what = "job stopped by SIGTERM on algo-2 (StopTrainingJob, Spot interruption or docker stop)"
+    stop = RankRecord(host="algo-2", rank=None, returncode=143, what=what, failed_at=now)
+    error = {"type": "RuntimeError", "message": f"Read error [127.0.0.1]:29590: {words}"}
+    victim = RankRecord(
+        host="algo-1", rank=0, returncode=1, exception=error, failed_at=now + 0.05, ended_at=now + 1
+    )
+    posts = [(one, victim), (two, stop)] if consequence_first else [(two, stop), (one, victim)]
+    for host, failure in posts:
+        host.post_failure(failure)
+        time.sleep(0.2)  # in this order at the master
+    one.settle()
+    two.settle()
+    for host in (one, two):
+        first = host.first_failure(5.0)
+        assert first is not None and (first.host, first.rank, first.what) == ("algo-2", None, what)
+    for host in (one, two):
+        host.close()
+    coordinator.close()
+
+
+def test_a_stop_after_a_failure_of_another_kind_does_not_take_its_place():
+    port = free_port()
+    coordinator = Coordinator(("algo-1", "algo-2"), port, **FAST)
+    one, two = member("algo-1", port), member("algo-2", port)
+    join_all([one, two])
+    clocks_measured(coordinator)
+    now = time.time()
+    error = {"type": "ValueError", "message": "planted"}
+    culprit = RankRecord(host="algo-1", rank=0, returncode=1, exception=error, failed_at=now)
+    stop = RankRecord(host="algo-2", rank=None, returncode=143, what="stopped", failed_at=now + 0.5)
+    two.post_failure(stop)  # arrives first: it stops algo-1 at once
+    assert one.aborted.wait(5)
+    one.post_failure(culprit)  # began before the abort arrived: it may still be first
+    one.settle()
+    two.settle()
+    assert [h.first_failure(5.0).rank for h in (one, two)] == [0, 0]
+    for host in (one, two):
+        host.close()
+    coordinator.close()
+
+
 def test_a_host_that_never_settles_holds_the_decision_only_for_the_settling_wait():
     """algo-3 beats but never settles (its ranks slow to stop, say): the others
     get the final word once the settling wait after the first failure is over, and a failure

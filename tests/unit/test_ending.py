@@ -12,7 +12,15 @@ from container_entry.common.exits import ExitCode
 from container_entry.common.layout import RunDir
 from container_entry.common.records import RankRecord
 from container_entry.diagnose.hang import hung_text
-from container_entry.supervise.ending import Ending, Kind, Observed, Seen, decide, verdict
+from container_entry.supervise.ending import (
+    Ending,
+    Kind,
+    Observed,
+    Seen,
+    decide,
+    stop_cut_a_script,
+    verdict,
+)
 
 
 def record(**fields) -> RankRecord:
@@ -150,6 +158,27 @@ def test_a_stopped_job_exits_128_plus_its_signal(tmp_path, name, code):
     assert result.exit_code == code
     assert f"job stopped by {name} on algo-1" in result.reason
     assert result.reason.endswith("all 2 local ranks exited within 1.5 s")
+
+
+# (launched ranks, ranks with a record, ranks whose script noted its end; whether a stop now
+# cut a running script, which the other hosts must hear of before this host's ranks go)
+CUT_CASES = [
+    (set(), set(), set(), True),  # no rank announced itself yet: the start is cut
+    ({0, 1}, set(), set(), True),  # both still running
+    ({0, 1}, {0}, set(), True),  # rank 1 still running
+    ({0, 1}, set(), {0}, True),  # rank 1 still running, rank 0 in its exit
+    ({0, 1}, {0}, {1}, False),  # one ended, one in its exit: the verdict decides, at the end
+    ({0, 1}, {0, 1}, set(), False),  # both gone
+    ({0, 1}, set(), {0, 1}, False),  # both in their exit
+    ({0, 1, 2}, {0, 1}, {0, 1}, True),  # a rank with nothing to show is still running
+]
+
+
+@pytest.mark.parametrize(("launched", "recorded", "ended", "cut"), CUT_CASES)
+def test_a_stop_is_told_at_once_only_where_it_cut_a_running_script(launched, recorded, ended, cut):
+    results = {r: record(rank=r, script_ended_at=99.0, ended_at=99.5) for r in recorded}
+    run = stopped_run(launched=launched, results=results)
+    assert stop_cut_a_script(run, ended) is cut
 
 
 def test_ranks_killed_after_the_grace_are_still_named(tmp_path):
