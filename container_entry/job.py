@@ -143,8 +143,10 @@ class Job:
             self.succeeded = True
             return result.exit_code
         log(f"failed: {result.reason}")
-        began = self.stop.at if ending.kind is Kind.STOPPED else None  # a stop has a moment
-        self.session.post_failure(result.reason, result.exit_code, began)  # unless posted
+        stop = self.stop
+        mine = ending.kind is Kind.STOPPED and stop.signal is not None
+        told = (stop.signal or "", stop.at) if mine else None  # a stop has a moment
+        self.session.post_failure(result.reason, result.exit_code, told)  # unless posted
         ranks = {str(rank): record.to_json() for rank, record in sorted(run.results.items())}
         outcome.failure(result.reason, result.details, {"reason": result.reason, "ranks": ranks})
         return result.exit_code

@@ -101,6 +101,12 @@ class RankRecord:
         )
 
     @property
+    def host_stopped(self) -> bool:
+        """A host's stop as its bootstrap relays it (no rank's record: a rank's stop_signal
+        is the stop its wrapper saw)."""
+        return self.rank is None and self.stop_signal is not None
+
+    @property
     def began(self) -> float | None:
         return began(self.failed_at, self.ended_at, self.exception)
 

@@ -140,15 +140,19 @@ class Session:
             threads = shared.env["OMP_NUM_THREADS"]
             log(f"OMP_NUM_THREADS={threads.value}: {threads.reason}")
 
-    def post_failure(self, what: str, exit_code: int, began: float | None = None) -> None:
+    def post_failure(
+        self, what: str, exit_code: int, stop: tuple[str, float | None] | None = None
+    ) -> None:
         """Tell the other hosts why this one cannot go on: a bootstrap error, or the final
         verdict of a run nothing was posted for yet (torchrun failing before any rank
-        reported, a stop). `began`: when it began, where that is known (a stop's signal),
-        for the master's order. Posts once; never echoes a failure another host relayed."""
+        reported, a stop: `stop`, its signal and moment, for the master's order and for the
+        other hosts to stop their ranks as a stop does). Posts once; never echoes a failure
+        another host relayed."""
         if self.member:
+            name, began = stop if stop is not None else (None, None)
             here = self.plan.topology.current_host
             record = RankRecord(
-                host=here, rank=None, returncode=exit_code, what=what, failed_at=began
+                here, None, returncode=exit_code, what=what, stop_signal=name, failed_at=began
             )
             self.member.post_failure(record)
 

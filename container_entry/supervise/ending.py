@@ -36,6 +36,9 @@ class Kind(enum.Enum):
     LOST_MASTER = "lost master"  # the master's bootstrap went away
     HUNG = "hung"  # the hang watchdog: this host's, or the master's word for every host
     PEER_FAILED = "peer failed"  # another host failed first (the master's word)
+    # another host was stopped first (the master's word): this host's ranks get the stop too,
+    # with its grace, to checkpoint
+    PEER_STOPPED = "peer stopped"
     TORCHRUN_FAILED = "torchrun failed"  # torchrun exited non-zero and no rank said why
     SUCCEEDED = "succeeded"
 
@@ -81,7 +84,8 @@ def decide(seen: Seen) -> Ending | None:
         record = RankRecord(host=seen.host, rank=None, returncode=ExitCode.HUNG, what=what)
         return Ending(Kind.HUNG, record)
     if seen.relayed is not None:
-        return Ending(Kind.PEER_FAILED, seen.relayed)
+        kind = Kind.PEER_STOPPED if seen.relayed.host_stopped else Kind.PEER_FAILED
+        return Ending(kind, seen.relayed)
     if not seen.exited:
         return None
     return Ending(Kind.TORCHRUN_FAILED if seen.returncode else Kind.SUCCEEDED)
@@ -116,11 +120,15 @@ def verdict(ending: Ending, run: Observed, host: str, run_dir: RunDir) -> Verdic
     failed = sorted((r for r in run.results.values() if r.failed), key=lambda r: r.rank or 0)
     details = [f"  {describe_rank(r)}" for r in failed] + stack_lines(run_dir) + [logs]
     kind, record = ending.kind, ending.record
-    if kind is Kind.STOPPED:  # what torchrun returned after being ended says nothing here
+    if kind in (Kind.STOPPED, Kind.PEER_STOPPED):  # torchrun's status says nothing here
         if finished_before_stop(run):
             return Verdict(ExitCode.SUCCESS, "", [])
-        code = stopped_exit_code(run.stop_signal)
-        return Verdict(code, stopped_text(run, host), details)
+        if kind is Kind.STOPPED or record is None:
+            reason = f"{stopped_words(run.stop_signal, host)}: {stopped_ranks(run)}"
+        else:  # another host's, which this host's ranks got too
+            reason = f"{words(record)}; on {host}: {stopped_ranks(run)}"
+        relayed = record.stop_signal if record is not None else None  # before any launch
+        return Verdict(stopped_exit_code(run.stop_signal or relayed), reason, details)
     if kind is Kind.HUNG:  # first line exactly the verdict; then where each rank was
         assert record is not None
         return Verdict(ExitCode.HUNG, record.what or "hung", [*stack_lines(run_dir), logs])
@@ -179,30 +187,29 @@ def stopped_words(stop_signal: str | None, host: str) -> str:
     )
 
 
-def stopped_text(run: Observed, host: str) -> str:
+def stopped_ranks(run: Observed) -> str:
     """How many ranks exited in time after a stop, and which were still running and killed."""
     stop_at = run.stop_at or 0.0
     exited = [r for r in run.results.values() if r.ended_at and stop_at]
     slowest = max((max(0.0, (r.ended_at or 0) - stop_at) for r in exited), default=0.0)
     killed = sorted(run.launched - set(run.results))
     total = len(run.launched) or len(exited)
-    text = f"{stopped_words(run.stop_signal, host)}: "
+    in_time = f"{len(exited)} of {total} local ranks exited within {slowest:.1f} s"
     if killed:
         ranks = ", ".join(map(str, killed))
         were = "were" if len(killed) > 1 else "was"
-        if exited:
-            text += f"{len(exited)} of {total} local ranks exited within {slowest:.1f} s; "
-        return text + (
-            f"rank{'s' if len(killed) > 1 else ''} {ranks} still running after the "
+        then = f"{in_time}; " if exited else ""
+        return (
+            f"{then}rank{'s' if len(killed) > 1 else ''} {ranks} still running after the "
             f"{run.grace:g} s grace period {were} killed"
         )
     if run.forced_kill:
-        return text + f"the {run.grace:g} s grace period ran out and the rest was killed"
+        return f"the {run.grace:g} s grace period ran out and the rest was killed"
     if not run.launched and not run.results:  # no rank announced itself or left a record
-        return text + "the stop came before any rank started"
+        return "the stop came before any rank started"
     if exited and len(exited) == total:
-        return text + f"all {total} local ranks exited within {slowest:.1f} s"
-    return text + f"{len(exited)} of {total} local ranks exited within {slowest:.1f} s"
+        return f"all {total} local ranks exited within {slowest:.1f} s"
+    return in_time
 
 
 def torchrun_failed(run: Observed, host: str) -> tuple[int, str]:

@@ -163,6 +163,8 @@ class Supervisor:
         self.observed.torchrun_tail = list(self.output.tail)
         if self.ending is None:  # torchrun exited on its own: its restarts are over
             self.ending = decide(self.seen(exited=True))
+            if self.ending is not None:  # a stop now, with nothing left to stop: which, when
+                self._note_the_stop(self.ending)
         assert self.ending is not None  # decide always names an ending once torchrun exited
         return self.ending
 
@@ -218,11 +220,11 @@ class Supervisor:
         parts = (process, self.workers, self.observed)
         grace = self.settings.failure_grace_period
         record = ending.record
-        if ending.kind is Kind.STOPPED:
-            self.observed.stop_signal, self.observed.stop_at = self.stop.signal, self.stop.at
-            self._tell_the_stop()
+        if ending.kind in (Kind.STOPPED, Kind.PEER_STOPPED):
+            self._note_the_stop(ending)
             grace = self.settings.stop_grace_period
-            return Stopping(*parts, grace, self.control, self.peers_running)
+            cause = words(record) if ending.kind is Kind.PEER_STOPPED and record else None
+            return Stopping(*parts, grace, self.control, self.peers_running, cause)
         if ending.kind is Kind.HUNG:
             assert record is not None
             message = f"{record.what}: recording stacks, stopping this host's workers"
@@ -284,17 +286,31 @@ class Supervisor:
 
         return share
 
-    def _tell_the_stop(self) -> None:
-        """Several hosts: a stop that cuts a running script, told to the others with its
-        moment before this host's ranks are signalled (ending.stop_cut_a_script)."""
-        member = self.member
-        ended = {r for r in self.observed.launched if self.control.exiting(r).exists()}
-        if member is None or not stop_cut_a_script(self.observed, ended):
+    def _note_the_stop(self, ending: Ending) -> None:
+        """A stop's ending: which stop this host's ranks get, and from when (the verdict says
+        whether it came after every script ended): its own signal; or another host's
+        (PEER_STOPPED), as its word arrived. Its own, where it cuts a running script, is told
+        to the other hosts with its moment before any rank here is signalled
+        (ending.stop_cut_a_script)."""
+        observed, member = self.observed, self.member
+        relayed = ending.record if ending.kind is Kind.PEER_STOPPED else None
+        if ending.kind is not Kind.STOPPED and relayed is None:
+            return
+        if relayed is not None:
+            arrived = member.aborted_at if member is not None else None
+            observed.stop_signal, observed.stop_at = relayed.stop_signal, arrived or time.time()
+            return
+        observed.stop_signal, observed.stop_at = self.stop.signal, self.stop.at
+        ended = {r for r in observed.launched if self.control.exiting(r).exists()}
+        if member is None or not stop_cut_a_script(observed, ended):
             return
         host, name = self.plan.topology.current_host, self.stop.signal
         code, what = stopped_exit_code(name), stopped_words(name, host)
-        at = self.stop.at
-        member.post_failure(RankRecord(host, None, returncode=code, what=what, failed_at=at))
+        member.post_failure(
+            RankRecord(
+                host, None, returncode=code, what=what, stop_signal=name, failed_at=self.stop.at
+            )
+        )
 
     def _teller(self, record: RankRecord) -> Callable[[], None] | None:
         member = self.member

@@ -2,9 +2,9 @@
 of the supervisor until `deadline`, then `force`. Which one runs is the ending's business
 (ending.decide); these only do it.
 
-- `Stopping` (a stop): the bootstrap delivers the signal itself and torchrun never gets one
-  while ranks run (launch.py says why: its 30 s kill before torch 2.12, and the job's store it
-  hosts, which NCCL's heartbeat thread polls until a rank exits);
+- `Stopping` (a stop, here or on another host): the bootstrap delivers the signal itself and
+  torchrun never gets one while ranks run (launch.py says why: its 30 s kill before torch 2.12,
+  and the job's store it hosts, which NCCL's heartbeat thread polls until a rank exits);
 - `Winding` (a failure here or elsewhere, a lost master): stacks first, then torchrun told to
   end its ranks, killed after FAILURE_GRACE_PERIOD;
 - `Hanging` (the hang watchdog, or a collective that timed out here or elsewhere): as
@@ -136,10 +136,12 @@ class Stopping(Teardown):
         grace: float,
         control: ControlDir,
         peers_running: Callable[[], bool] | None = None,
+        stopped: str | None = None,
     ) -> None:
         super().__init__(process, workers, observed)
         self.grace = grace
         self.control = control
+        self.stopped = stopped  # another host's stop, in words; None: this host's own
         self.peers_running = peers_running  # the master's: its torchrun hosts the job's store
         self.signalled: set[int] = set()  # worker groups (wrapper pids) signalled
         self.delivering = True
@@ -147,7 +149,8 @@ class Stopping(Teardown):
 
     def start(self, now: float) -> None:
         stop = self.observed.stop_signal or "SIGTERM"
-        log(f"received {stop}: stopping every rank (grace period {self.grace:g} s)")
+        cause = f"{self.stopped}: this host's ranks get its {stop}" if self.stopped else None
+        log(f"{cause or f'received {stop}'}: stopping every rank (grace period {self.grace:g} s)")
         with contextlib.suppress(OSError):  # before any signal: no new worker runs anything
             self.control.stop.write_text(stop)
         self.observed.grace = self.grace

@@ -497,7 +497,8 @@ def test_a_stop_at_any_phase_of_one_host_s_start_ends_every_host(tmp_path, root_
             if phase == "training":
                 # algo-2 tells the stop, with its moment, before its ranks go: the others'
                 # ranks' errors about their leaving (gloo: closed or reset by peer) are its
-                # consequences, never the first line
+                # consequences, never the first line; the others stop as a stop does
                 assert line.startswith("job stopped by SIGTERM on algo-2"), line
+                assert other.process.returncode == 143, other.stderr()
     finally:
         kill_everything([stopped, *others], [])

@@ -1212,7 +1212,9 @@ def test_a_stop_told_with_its_moment_comes_before_the_errors_its_ranks_leaving_c
     clocks_measured(coordinator)
     now = time.time()
     what = "job stopped by SIGTERM on algo-2 (StopTrainingJob, Spot interruption or docker stop)"
-    stop = RankRecord(host="algo-2", rank=None, returncode=143, what=what, failed_at=now)
+    stop = RankRecord(
+        host="algo-2", rank=None, returncode=143, what=what, stop_signal="SIGTERM", failed_at=now
+    )
     error = {"type": "RuntimeError", "message": f"Read error [127.0.0.1]:29590: {words}"}
     victim = RankRecord(
         host="algo-1", rank=0, returncode=1, exception=error, failed_at=now + 0.05, ended_at=now + 1
@@ -1226,6 +1228,7 @@ def test_a_stop_told_with_its_moment_comes_before_the_errors_its_ranks_leaving_c
     for host in (one, two):
         first = host.first_failure(5.0)
         assert first is not None and (first.host, first.rank, first.what) == ("algo-2", None, what)
+        assert first.host_stopped  # the others stop their ranks as a stop does
     for host in (one, two):
         host.close()
     coordinator.close()

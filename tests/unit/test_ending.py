@@ -30,6 +30,10 @@ def record(**fields) -> RankRecord:
 FAILURE = record(returncode=1, ended_at=5.0)
 PEER = RankRecord(host="algo-2", rank=3, returncode=1)
 HANG = RankRecord(host=None, rank=None, returncode=ExitCode.HUNG, what=hung_text(60, 2))
+STOP_WORDS = "job stopped by SIGINT on algo-2 (StopTrainingJob, Spot interruption or docker stop)"
+PEER_STOP = RankRecord(
+    host="algo-2", rank=None, returncode=130, what=STOP_WORDS, stop_signal="SIGINT", failed_at=50.0
+)
 # what one look can show, each alone: the fields of Seen that make each ending
 SHOWS = {
     Kind.STOPPED: {"stop_signal": "SIGTERM"},
@@ -37,7 +41,9 @@ SHOWS = {
     Kind.LOST_MASTER: {"lost_master": "algo-1"},
     Kind.HUNG: {"idle": 61.0, "hang_timeout": 60.0},
     Kind.PEER_FAILED: {"relayed": PEER},
+    Kind.PEER_STOPPED: {"relayed": PEER_STOP},
 }
+RELAYED = {Kind.HUNG, Kind.PEER_FAILED, Kind.PEER_STOPPED}  # the master's one word, or own hang
 
 
 @pytest.mark.parametrize("kind", list(SHOWS))
@@ -45,11 +51,9 @@ def test_each_ending_alone(kind):
     assert decide(Seen(**SHOWS[kind])).kind is kind
 
 
-# every pair but HUNG with PEER_FAILED: the master's hang verdict and another host's failure
-# both come as its one word (`relayed`), never together (its own test below)
-PAIRS = [
-    pair for pair in itertools.combinations(SHOWS, 2) if set(pair) != {Kind.HUNG, Kind.PEER_FAILED}
-]
+# every pair but two of the master's words: its hang verdict, another host's failure and
+# another host's stop each come as its one word (`relayed`), never together (tested below)
+PAIRS = [pair for pair in itertools.combinations(SHOWS, 2) if not set(pair) <= RELAYED]
 
 
 @pytest.mark.parametrize(("first", "second"), PAIRS)
@@ -58,12 +62,36 @@ def test_of_two_at_one_look_the_one_declared_first_wins(first, second):
 
 
 def test_the_order_is_written_once_in_the_type():
-    assert list(Kind)[:5] == list(SHOWS)
+    assert list(Kind)[:6] == list(SHOWS)
 
 
-def test_the_master_s_word_is_a_hang_or_a_peer_s_failure():
+def test_the_master_s_word_is_a_hang_or_a_peer_s_failure_or_its_stop():
     assert decide(Seen(relayed=HANG)) == Ending(Kind.HUNG, HANG)
     assert decide(Seen(relayed=PEER)) == Ending(Kind.PEER_FAILED, PEER)
+    assert decide(Seen(relayed=PEER_STOP)) == Ending(Kind.PEER_STOPPED, PEER_STOP)
+    # a rank's record with a stop its wrapper saw is no host's stop
+    ranks_stop = RankRecord(host="algo-2", rank=1, returncode=1, stop_signal="SIGTERM")
+    assert decide(Seen(relayed=ranks_stop)).kind is Kind.PEER_FAILED
+
+
+@pytest.mark.parametrize(("name", "code"), [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
+def test_another_host_s_stop_is_this_host_s_stop_naming_that_host(tmp_path, name, code):
+    """This host's ranks got the other host's signal: the exit code is that stop's, the first
+    line names the stopped host first and then says how this host's ranks ended."""
+    stop = RankRecord(host="algo-2", rank=None, returncode=code, what=STOP_WORDS, stop_signal=name)
+    ranks = {r: record(rank=r, local_rank=r, stop_signal=name, ended_at=101.5) for r in (0, 1)}
+    run = stopped_run(name, launched={0, 1}, results=ranks)
+    result = verdict(Ending(Kind.PEER_STOPPED, stop), run, "algo-1", RunDir(tmp_path))
+    assert result.exit_code == code
+    assert result.reason == f"{STOP_WORDS}; on algo-1: all 2 local ranks exited within 1.5 s"
+    # its word came before this host launched anything: that stop's code all the same
+    before = verdict(Ending(Kind.PEER_STOPPED, stop), Observed(), "algo-1", RunDir(tmp_path))
+    assert before.exit_code == code
+    assert before.reason == f"{STOP_WORDS}; on algo-1: the stop came before any rank started"
+    # every script here had ended before its word came: a finished job, as for a stop here
+    done = {r: record(rank=r, script_ended_at=99.0, ended_at=99.5) for r in (0, 1)}
+    run = stopped_run(name, launched={0, 1}, results=done)
+    assert verdict(Ending(Kind.PEER_STOPPED, stop), run, "algo-1", RunDir(tmp_path)).exit_code == 0
 
 
 def test_nothing_yet_while_torchrun_runs_then_how_it_exited():

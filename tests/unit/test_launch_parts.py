@@ -367,3 +367,44 @@ def test_a_traceback_held_when_a_teardown_starts_is_not_shown(capfd, tmp_path):
     process.wait()
     assert capfd.readouterr().err == "torchrun says\n"
     assert output.tail[-1] == "torch...api.SignalException: Process 1 got signal: 15"
+
+
+@pytest.mark.parametrize("finished", [True, False])
+def test_a_stop_that_comes_as_torchrun_exits_is_judged_by_its_moment(tmp_path, finished):
+    """SDK local mode stops the other containers as soon as one exits: the stop may reach a
+    bootstrap after its torchrun exited, before its last look. That stop is still a stop with a
+    signal and a moment (once `job stopped by None ...: 0 of 2 local ranks exited within 0.0 s`,
+    exit 143, for a job whose every script had ended with 0): a success when every script ended
+    before it, a stopped job when one was still running. A real process stands in for torchrun
+    (it exits at once); the rank's record is the wrapper's."""
+    from container_entry.common.stopping import Stop
+    from container_entry.supervise.supervisor import Supervisor
+
+    plan = build_plan(make_env(environ={"SAGEMAKER_PROGRAM": "train.py"}))
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.prepare()
+    stop = Stop()
+    supervisor = Supervisor(plan, {}, run_dir, None, stop)
+    signalled = time.time()
+    ended = signalled - 1.0 if finished else signalled + 0.5
+    record = {"host": "algo-1", "rank": 0, "returncode": 0, "script_ended_at": ended}
+    run_dir.record(0).write_text(json.dumps({**record, "ended_at": ended + 0.1}))
+    supervisor.observed.launched = {0}
+    clean_up = supervisor.clean_up
+
+    def stopped_as_torchrun_exits(*args) -> None:
+        clean_up(*args)
+        stop.signal, stop.at = "SIGTERM", signalled  # what Stop's handler notes
+
+    supervisor.clean_up = stopped_as_torchrun_exits  # type: ignore[method-assign]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    with subprocess.Popen([sys.executable, "-c", "pass"], **pipes) as process:
+        ending = supervisor.monitor(process)
+    result = verdict(ending, supervisor.observed, "algo-1", run_dir)
+    assert ending.kind is Kind.STOPPED
+    assert (supervisor.observed.stop_signal, supervisor.observed.stop_at) == ("SIGTERM", signalled)
+    if finished:
+        assert result.exit_code == 0, result.reason
+    else:
+        assert result.exit_code == 143 and "None" not in result.reason, result.reason
+        assert result.reason.startswith("job stopped by SIGTERM on algo-1"), result.reason
