@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -45,6 +46,8 @@ GRACE = 3.0  # CONTAINER_ENTRY_FAILURE_GRACE_PERIOD in these tests
 NOTICED_WITHIN = 6.0
 EXITED_WITHIN = NOTICED_WITHIN + GRACE + 6.0
 TRAINING = {"steps": "100000", "step-seconds": "0.2"}
+# a rank's exit after its SIGTERM handler returned (gloo's teardown with a peer gone included)
+STOP_EXIT_BOUND = 8.0
 
 
 @pytest.fixture
@@ -502,3 +505,39 @@ def test_a_stop_at_any_phase_of_one_host_s_start_ends_every_host(tmp_path, root_
                 assert other.process.returncode == 143, other.stderr()
     finally:
         kill_everything([stopped, *others], [])
+
+
+@pytest.mark.parametrize("victim", ["algo-1", "algo-2"])
+def test_a_stop_of_one_host_gives_every_host_s_ranks_the_stop_and_its_grace(
+    tmp_path, root_and_unshare, victim
+):
+    """One host stopped alone (the master, whose torchrun hosts the job's store, or the
+    other): its word reaches the other host before its ranks go, and that host's ranks get the
+    same SIGTERM and grace, so every rank of the job writes its checkpoint (2 s each, its
+    handler running while its collective is waited for, as NCCL's is). Both exit 143; the
+    other host's first line names the stopped host, then how its own ranks ended."""
+    hosts_file = hosts_file_for(tmp_path, dict.fromkeys(HOSTS, "127.0.0.1"))
+    hps = {**TRAINING, "checkpoint-on-term": "true", "term-work-seconds": "2"}
+    hosts = start_training(tmp_path, hosts_file, job_port(), hps=hps)
+    stopped = next(h for h in hosts if h.name == victim)
+    other = next(h for h in hosts if h.name != victim)
+    try:
+        stopped.process.send_signal(signal.SIGTERM)
+        for host in hosts:
+            exited_at(host, 60)
+            assert host.process.returncode == 143, (host.name, host.stderr())
+            checkpoints = sorted(p.name for p in (host.tree.base / "checkpoints").iterdir())
+            assert checkpoints == ["checkpoint-rank-0.json", "checkpoint-rank-1.json"] or (
+                checkpoints == ["checkpoint-rank-2.json", "checkpoint-rank-3.json"]
+            ), (host.name, checkpoints, host.stderr())
+        assert stopped.first_line().startswith(f"job stopped by SIGTERM on {victim} ("), (
+            stopped.first_line()
+        )
+        line = other.first_line()
+        print(f"{victim} stopped: {stopped.first_line()!r}; {other.name}: {line!r}")
+        assert line.startswith(f"job stopped by SIGTERM on {victim} ("), line
+        within = re.search(rf"; on {other.name}: all 2 local ranks exited within (\S+) s$", line)
+        assert within and 2.0 <= float(within[1]) < 2.0 + STOP_EXIT_BOUND, line
+        assert "Traceback" not in stopped.stderr() + other.stderr()
+    finally:
+        kill_everything(hosts, [])
