@@ -49,10 +49,9 @@ help: ## list targets and variables
 	@echo "  AWS_ENDPOINT_URL (ECR API endpoint), ECR_REGISTRY_OVERRIDE=HOST[:PORT] (docker"
 	@echo "  login/push for ECR go there instead; tests), RELEASE_BRANCH (buildspec, main)"
 
-venv: $(VENV)/.done ## create .venv with the pinned dev/test dependencies
-$(VENV)/.done: requirements/dev.txt pyproject.toml scripts/build/wheel_backend.py
-	python3 -m venv $(VENV)
-	PIP_CONSTRAINT=/dev/null $(PYTHON) -m pip install -q --disable-pip-version-check -r requirements/dev.txt
+venv: $(VENV)/.done ## create .venv with the pinned dev/test dependencies (a copy of the machine's cached one)
+$(VENV)/.done: requirements/dev.txt pyproject.toml scripts/build/wheel_backend.py scripts/build/dev_venv.py
+	python3 -m scripts.build.dev_venv $(VENV)
 	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
@@ -155,5 +154,5 @@ bench-threads: venv ## CPU HF Trainer steps/s: OMP_NUM_THREADS default vs torchr
 gpu-check: ## on a GPU host, no docker: plan, DDP+preflight, HF, crash, OOM, hang, stop, benchmark; one verdict line each (ARGS=--only ... --markdown FILE ...)
 	python3 -m scripts.gpu.check $(ARGS)
 
-clean: ## remove build outputs and the venv (images are kept)
+clean: ## remove build outputs and the venv (images and ~/.cache/container-entry are kept)
 	rm -rf build dist *.egg-info $(VENV) .pytest_cache .ruff_cache

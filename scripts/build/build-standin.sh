@@ -12,13 +12,16 @@
 #      for the image's /usr/local (skipped when the source tree is unchanged);
 #   3. wheels for docker/standin/requirements.txt, under the lock docker/standin/constraints.txt,
 #      built/downloaded on the host with that same Python into build/standin/wheels (skipped
-#      when they match both already), then every wheel checked: pinned by the lock at its
-#      version (scripts/build/standin_lock.py), and its tags against that Python in the base image;
+#      when they match both already; linked from the machine's cache, ~/.cache/container-entry,
+#      when another checkout built that set), then every wheel checked: pinned by the lock at
+#      its version (scripts/build/standin_lock.py), and its tags against that Python in the base
+#      image;
 #   4. docker build of docker/standin/Dockerfile with build/standin/ as context (skipped when
 #      the image carries the fingerprint of exactly these inputs; docker's layer cache covers
 #      partial changes), after a check that docker's disk has room for it;
 #   5. smoke test: versions, `pip check`, a 2-process gloo all_reduce under torch.distributed.run
-#      in a container without network (skipped for an image that passed it before).
+#      in a container without network (skipped for an image that passed it before, in this
+#      checkout or another on this machine).
 # Idempotent: re-running only redoes what changed.
 #
 # Environment knobs:
@@ -52,6 +55,10 @@ PY_STAMP="$CONTEXT_DIR/.python.stamp"
 WHEEL_DIR="$CONTEXT_DIR/wheels"
 STAMP="$CONTEXT_DIR/.requirements.sha256"
 LOG_DIR="$REPO_ROOT/build/logs"
+# the machine's cache, shared by its checkouts (the wheel set per lock, the smoke test's result
+# per image); empty without a home folder: then nothing is cached
+MACHINE_CACHE="${XDG_CACHE_HOME:-${HOME:+$HOME/.cache}}"
+MACHINE_CACHE="${MACHINE_CACHE:+$MACHINE_CACHE/container-entry}"
 mkdir -p "$LOG_DIR" "$CONTEXT_DIR"
 # One run at a time per checkout: make targets and test sessions may start this concurrently.
 if command -v flock >/dev/null; then
@@ -194,6 +201,16 @@ if [ "${STANDIN_FORCE_WHEELS:-0}" = 1 ]; then
     log "3/5 STANDIN_FORCE_WHEELS=1: emptying $WHEEL_DIR"
     rm -f "$WHEEL_DIR"/*.whl "$STAMP"
 fi
+# The machine's cache keeps the checked wheel set of each lock: a fresh clone links it in (a
+# second) instead of `pip wheel` unpacking 4 GB again (some 45 s); the checks below still run.
+WHEEL_CACHE="${MACHINE_CACHE:+$MACHINE_CACHE/standin-wheels-${REQ_SUM:0:16}}"
+if ! [ -f "$STAMP" ] && [ "${STANDIN_FORCE_WHEELS:-0}" != 1 ] && [ -n "$WHEEL_CACHE" ] \
+    && [ "$(cat "$WHEEL_CACHE/.stamp" 2>/dev/null)" = "$REQ_SUM" ]; then
+    rm -f "$WHEEL_DIR"/*.whl
+    cp -l "$WHEEL_CACHE"/*.whl "$WHEEL_DIR"/ 2>/dev/null || cp "$WHEEL_CACHE"/*.whl "$WHEEL_DIR"/
+    echo "$REQ_SUM" > "$STAMP"
+    log "3/5 wheels linked from the machine's cache ${WHEEL_CACHE}"
+fi
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$REQ_SUM" ] && [ -n "$(find "$WHEEL_DIR" -maxdepth 1 -name '*.whl' -print -quit)" ]; then
     log "3/5 wheels up to date in ${WHEEL_DIR#"$REPO_ROOT"/} ($(find "$WHEEL_DIR" -maxdepth 1 -name '*.whl' | wc -l) files), skipping pip wheel"
 else
@@ -235,6 +252,20 @@ print("    python %s: %s" % (sys.version.split()[0], "all wheels installable" if
 sys.exit(1 if bad else 0)
 ' || { rm -f "$STAMP" "$STAMP.tmp"; die "some wheels do not fit the image's Python"; }
 if [ "${STAMP_PENDING:-0}" = 1 ]; then mv "$STAMP.tmp" "$STAMP"; fi
+# Checked: the machine's cache gets them for the next clone (whole or not at all).
+if [ -n "$WHEEL_CACHE" ] && [ "$(cat "$WHEEL_CACHE/.stamp" 2>/dev/null)" != "$REQ_SUM" ] \
+    && [ ${#LOCK_ARGS[@]} != 0 ] && mkdir -p "$MACHINE_CACHE" 2>/dev/null; then
+    rm -rf "$WHEEL_CACHE.partial" "$WHEEL_CACHE"
+    if mkdir "$WHEEL_CACHE.partial" \
+        && { cp -l "$WHEEL_DIR"/*.whl "$WHEEL_CACHE.partial"/ 2>/dev/null \
+             || cp "$WHEEL_DIR"/*.whl "$WHEEL_CACHE.partial"/; } \
+        && echo "$REQ_SUM" > "$WHEEL_CACHE.partial/.stamp" \
+        && mv "$WHEEL_CACHE.partial" "$WHEEL_CACHE"; then
+        log "3/5 wheels kept in the machine's cache $WHEEL_CACHE"
+    else
+        rm -rf "$WHEEL_CACHE.partial"
+    fi
+fi
 
 # ---------------------------------------------------------------- 4. image
 # Stage the small files next to the wheels so the context is just this directory.
@@ -310,6 +341,13 @@ grep "gloo all_reduce" /tmp/ddp.log | sort
 SMOKE_OK="$LOG_DIR/smoke.ok"
 SMOKE_LOG="$LOG_DIR/smoke.log"
 SMOKE_KEY="$(docker image inspect -f '{{.Id}}' "$IMAGE_TAG") $(printf '%s%s' "$SMOKE_PY" "$SMOKE_SH" | sha)"
+# another checkout on this machine smoke-tested this very image: its result, kept in the cache
+SMOKE_CACHE="${MACHINE_CACHE:+$MACHINE_CACHE/standin-smoke-$(printf '%s' "$SMOKE_KEY" | sha | cut -c1-16)}"
+if [ "${STANDIN_FORCE_SMOKE:-0}" != 1 ] && ! [ -f "$SMOKE_OK" ] && [ -n "$SMOKE_CACHE" ] \
+    && [ "$(cat "$SMOKE_CACHE.ok" 2>/dev/null)" = "$SMOKE_KEY" ] && [ -f "$SMOKE_CACHE.log" ]; then
+    cp "$SMOKE_CACHE.log" "$SMOKE_LOG"
+    cp "$SMOKE_CACHE.ok" "$SMOKE_OK"
+fi
 if [ "${STANDIN_FORCE_SMOKE:-0}" != 1 ] && [ -f "$SMOKE_OK" ] && [ "$(cat "$SMOKE_OK")" = "$SMOKE_KEY" ]; then
     log "5/5 smoke test passed before on this image; its output (${SMOKE_LOG#"$REPO_ROOT"/}):"
     cat "$SMOKE_LOG"
@@ -325,6 +363,10 @@ else
     set -e -o pipefail
     [ "$rc" = 0 ] || die "smoke test failed (exit $rc)"
     echo "$SMOKE_KEY" > "$SMOKE_OK"
+fi
+if [ -n "$SMOKE_CACHE" ] && [ "$(cat "$SMOKE_CACHE.ok" 2>/dev/null)" != "$SMOKE_KEY" ] \
+    && mkdir -p "$MACHINE_CACHE" 2>/dev/null; then
+    { cp "$SMOKE_LOG" "$SMOKE_CACHE.log" && cp "$SMOKE_OK" "$SMOKE_CACHE.ok"; } || rm -f "$SMOKE_CACHE.ok"
 fi
 SIZE="$(docker image inspect -f '{{.Size}}' "$IMAGE_TAG")"
 log "done: $IMAGE_TAG ($((SIZE / 1000000)) MB)"

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Tag the built image and push it to Amazon ECR or any other registry; log in for the base.
 
-    python -m scripts.build.push push --image container-entry:0.1.0 --version 0.1.0 --revision 39844fc
-        [--repository container-entry] [--registry HOST[:PORT]] [--moving-tag latest]
-        [--uri-file build/image-uri.txt]
+    python -m scripts.build.push push --image container-entry:0.1.0 --version 0.1.0 \
+        --revision 39844fc [--repository container-entry] [--registry HOST[:PORT]]
+        [--moving-tag latest] [--uri-file build/image-uri.txt]
     python -m scripts.build.push login-base --base-image <BASE_IMAGE>
     python -m scripts.build.push should-push   (CodeBuild: exit 0 when this build's ref is pushed)
 
@@ -76,7 +76,9 @@ def docker(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
             ["docker", *args], input=stdin, capture_output=True, text=True, check=False
         )
     except FileNotFoundError as error:
-        raise PushError("the docker CLI is not installed (scripts/build/ensure-docker.sh)") from error
+        raise PushError(
+            "the docker CLI is not installed (scripts/build/ensure-docker.sh)"
+        ) from error
 
 
 def image_exists(image: str) -> bool:

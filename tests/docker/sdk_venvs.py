@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from scripts.build.dev_venv import cache_dir
+
 REPO = Path(__file__).resolve().parents[2]
 STAMP = ".requirements.sha256"
 FORBIDDEN = ("torch", "nvidia-", "triton")  # the SDK clients must never pull these
@@ -42,16 +44,11 @@ def _digest(requirements: Path) -> str:
     return hashlib.sha256(content).hexdigest()
 
 
-def _cache() -> Path:
-    home = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(home) / "container-entry"
-
-
 def ensure_venv(name: str, requirements: Path) -> Path:
     """The python of the cached venv-<name>-<hash>, built from `requirements` unless a checkout
     built it before."""
     digest = _digest(requirements)
-    venv = _cache() / f"venv-{name}-{digest[:16]}"
+    venv = cache_dir() / f"venv-{name}-{digest[:16]}"
     python = venv / "bin" / "python"
     venv.parent.mkdir(parents=True, exist_ok=True)
     with open(venv.parent / f"{venv.name}.lock", "w") as lock:
