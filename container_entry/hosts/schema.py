@@ -10,7 +10,9 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, overload
 
+from container_entry.common.exits import signal_name
 from container_entry.common.records import RankRecord
+from container_entry.common.stopping import STOP_SIGNALS
 from container_entry.hosts.wire import LINE_LIMIT, Invalid, Kind, encode
 
 TEXT_CAP = 2000  # characters of a failure's free text (what, exception message, ...)
@@ -21,7 +23,9 @@ SHORT_CAP = 64  # characters of a signal's name, a stage
 Relayed = dict[str, Any]
 
 _RECORD_TEXT = ("what", "last_words", "fatal_error", "summary")
-_RECORD_NAMES = ("signal", "stop_signal", "stage")
+_RECORD_NAMES = ("signal", "stage")
+# a stop's signal: the receiving host sends it to its own ranks (PEER_STOPPED)
+_STOP_NAMES = frozenset(signal_name(int(sig)) for sig in STOP_SIGNALS)
 _RECORD_FIELDS = frozenset(RankRecord(host=None, rank=None).relayed())
 _HEX = re.compile(r"[0-9a-f]{64}")
 
@@ -107,6 +111,11 @@ def failure_record(value: Any) -> Relayed:
             record[name] = integer(item, "failure restart_count", 0, 10**9)
         elif name in _RECORD_NAMES:
             record[name] = text(item, f"failure {name}", SHORT_CAP)
+        elif name == "stop_signal":
+            stop = text(item, "failure stop_signal", SHORT_CAP)
+            if stop is not None and stop not in _STOP_NAMES:
+                raise Invalid(f"failure stop_signal {stop!r} is not a stop signal")
+            record[name] = stop
         elif name in _RECORD_TEXT:
             record[name] = text(item, f"failure {name}", TEXT_CAP)
         elif name in ("ended_at", "failed_at", "script_ended_at"):

@@ -994,6 +994,11 @@ def test_parse_refuses_what_is_not_one_json_object(line, why):
         ({"type": "failed", "failure": "boom"}, "failure is not an object"),
         ({"type": "failed", "failure": {"what": "x" * 2001}}, "failure what is longer than"),
         ({"type": "failed", "failure": {"rank": -1}}, "failure rank is not between"),
+        # a stop's signal reaches the receiving host's ranks: a stop signal, by name, or none
+        *(
+            ({"type": "failed", "failure": {"stop_signal": bad}}, f"failure stop_signal {bad!r} is")
+            for bad in ("SIGKILL", "SIGUSR1", "SIGTERM ", "sigterm", "15", "", "SIGRTMIN+2")
+        ),
         ({"type": "failed", "failure": {"returncode": 2**40}}, "failure returncode is not"),
         ({"type": "failed", "failure": {"exception": "x"}}, "failure exception is not"),
         ({"type": "failed", "failure": {"stderr_tail": []}}, "failure with unknown field(s)"),
@@ -1009,6 +1014,15 @@ def test_every_message_to_the_master_is_checked_against_its_schema(message, why)
     with pytest.raises(Invalid) as caught:
         to_master(message)
     assert str(caught.value).startswith(why), caught.value
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP", None])
+def test_a_host_s_stop_crosses_with_its_signal(name):
+    from container_entry.hosts.messages import to_master
+
+    stop = RankRecord(host="algo-2", rank=None, returncode=143, what="stopped", stop_signal=name)
+    message = to_master({"type": "failed", "failure": stop.relayed()})
+    assert message["failure"]["stop_signal"] == name
 
 
 def test_a_failure_of_this_host_always_fits_the_schema():
