@@ -517,7 +517,9 @@ def test_a_stop_of_one_host_gives_every_host_s_ranks_the_stop_and_its_grace(
     handler running while its collective is waited for, as NCCL's is). Both exit 143; the
     other host's first line names the stopped host, then how its own ranks ended."""
     hosts_file = hosts_file_for(tmp_path, dict.fromkeys(HOSTS, "127.0.0.1"))
-    hps = {**TRAINING, "checkpoint-on-term": "true", "term-work-seconds": "2"}
+    # poll-store: every rank polls the job's store (the master's torchrun) until its process
+    # exits, as NCCL's heartbeat thread does, so the store must outlive every host's ranks
+    hps = {**TRAINING, "checkpoint-on-term": "true", "term-work-seconds": "2", "poll-store": "true"}
     hosts = start_training(tmp_path, hosts_file, job_port(), hps=hps)
     stopped = next(h for h in hosts if h.name == victim)
     other = next(h for h in hosts if h.name != victim)
