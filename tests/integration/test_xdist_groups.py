@@ -40,3 +40,13 @@ def test_a_module_s_tests_that_share_a_module_fixture_run_on_one_worker(tmp_path
     assert len(sharing) == len(SHARING), done.stdout[-3000:]
     assert all(nodeid.endswith(f"@{MODULE}") for _, nodeid in sharing), sharing
     assert len({worker for worker, _ in sharing}) == 1, sharing
+
+
+def test_modules_take_turns_and_a_grouped_module_stays_one_block():
+    """`make test`'s order (tests/conftest.py `interleaved`): the tests that wait sit in a few
+    modules, so in file order they ran side by side and left the CPUs idle."""
+    from tests.conftest import interleaved
+
+    items = ["a1", "a2", "a3", "g1", "g2", "b1", "c1", "c2"]
+    order = interleaved(items, lambda item: Path(item[0]), {Path("g")})  # type: ignore[arg-type]
+    assert order == ["a1", "g1", "g2", "b1", "c1", "a2", "c2", "a3"]
