@@ -12,6 +12,8 @@ STANDIN      ?= container-entry/dlc-standin:latest
 DEMO_IMAGE   ?= container-entry:demo
 VENV         ?= .venv
 PYTHON       := $(VENV)/bin/python
+# the newest torch's own venv: the integration tests of the stop, exit and teardown run there
+NEWEST_VENV  ?= .venv-torch-newest
 PYTEST_ARGS  ?=
 # make test: pytest-xdist workers (the jobs under test mostly wait on real time: more workers
 # than CPUs; docs/test-speed.md)
@@ -24,7 +26,7 @@ REGISTRY     ?=
 REPOSITORY   ?= container-entry
 MOVING_TAG   ?= latest
 
-.PHONY: help docker venv standin build demo demo-disk test test-disk unit lint login-base push run gpu-check clean
+.PHONY: help docker venv newest-torch standin build demo demo-disk test test-disk unit lint login-base push run gpu-check clean
 
 help: ## list targets and variables
 	@echo "Targets:"
@@ -55,6 +57,12 @@ $(VENV)/.done: requirements/dev.txt pyproject.toml scripts/build/wheel_backend.p
 	$(PYTHON) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
+newest-torch: $(NEWEST_VENV)/.done ## create .venv-torch-newest (the newest torch, for the tests that hold on it)
+$(NEWEST_VENV)/.done: requirements/torch-newest.txt pyproject.toml scripts/build/wheel_backend.py scripts/build/dev_venv.py
+	python3 -m scripts.build.dev_venv --requirements requirements/torch-newest.txt $(NEWEST_VENV)
+	$(NEWEST_VENV)/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
 standin: docker ## build the offline stand-in of the DLC (debootstrap + wheels, no registry)
 	python3 -m scripts.build.disk_space --for standin
 	scripts/build/build-standin.sh $(STANDIN)
@@ -73,7 +81,7 @@ demo: docker demo-disk venv standin ## build stand-in + image, run a 2-host x 2-
 		--script examples/hf_trainer_tiny.py --data build/demo-data/data.jsonl \
 		--hp epochs=3 --hp learning-rate=0.005
 
-test: docker test-disk venv standin ## run every test (unit, real torchrun, docker cluster); needs a docker engine
+test: docker test-disk venv newest-torch standin ## run every test (unit, real torchrun, docker cluster); needs a docker engine
 	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Free disk first: one line and exit 1 now, not `no space left on device` minutes into a build.
@@ -154,5 +162,5 @@ bench-threads: venv ## CPU HF Trainer steps/s: OMP_NUM_THREADS default vs torchr
 gpu-check: ## on a GPU host, no docker: plan, DDP+preflight, HF, crash, OOM, hang, stop, benchmark; one verdict line each (ARGS=--only ... --markdown FILE ...)
 	python3 -m scripts.gpu.check $(ARGS)
 
-clean: ## remove build outputs and the venv (images and ~/.cache/container-entry are kept)
-	rm -rf build dist *.egg-info $(VENV) .pytest_cache .ruff_cache
+clean: ## remove build outputs and the venvs (images and ~/.cache/container-entry are kept)
+	rm -rf build dist *.egg-info $(VENV) $(NEWEST_VENV) .pytest_cache .ruff_cache

@@ -1,9 +1,11 @@
-"""The checkout's .venv, from a copy of the machine's cached one (issue 35).
+"""The checkout's venvs, each a copy of the machine's cached one (issue 35).
 
     python3 -m scripts.build.dev_venv .venv
+    python3 -m scripts.build.dev_venv --requirements requirements/torch-newest.txt \
+        .venv-torch-newest
 
-requirements/dev.txt pins torch with its CUDA libraries: some 6 GB that pip took about 100 s
-to unpack into every fresh clone, before `make test` ran a test. The venv is built once per
+A torch with its CUDA libraries is some 6 GB that pip took about 100 s to unpack into every
+fresh clone, before `make test` ran a test. The venv is built once per
 lock and interpreter in the machine's cache (~/.cache/container-entry, XDG_CACHE_HOME;
 `dev-venv-<hash>`, a stamp file saying it was built whole) and each checkout gets a copy of it
 made of hard links (about a second; a plain copy where the cache is on another file system).
@@ -52,7 +54,7 @@ def log(text: str) -> None:
 def cached(requirements: Path = REQUIREMENTS) -> Path:
     """The machine's venv for this lock, built unless a checkout built it before."""
     key = digest(requirements)
-    venv = cache_dir() / f"dev-venv-{key[:16]}"
+    venv = cache_dir() / f"{requirements.stem}-venv-{key[:16]}"  # dev-venv-..., torch-newest-...
     venv.parent.mkdir(parents=True, exist_ok=True)
     with open(venv.parent / f"{venv.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another checkout may be building it now
@@ -106,17 +108,21 @@ def copy(source: Path, target: Path) -> None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="python3 -m scripts.build.dev_venv",
-        description="Make VENV_DIR a copy of the machine's cached dev venv (built first if "
-        "this lock has none yet).",
+        description="Make VENV_DIR a copy of the machine's cached venv of a lock (built first "
+        "if this lock has none yet).",
     )
     parser.add_argument("venv_dir", metavar="VENV_DIR", type=Path)
-    target = parser.parse_args(argv).venv_dir
+    parser.add_argument(
+        "--requirements", type=Path, default=REQUIREMENTS, help="the lock (requirements/dev.txt)"
+    )
+    args = parser.parse_args(argv)
+    target, requirements = args.venv_dir, args.requirements.resolve()
     try:
-        source = cached()
+        source = cached(requirements)
         copy(source, target)
     except (OSError, subprocess.CalledProcessError) as error:
         log(f"the cached venv could not be used ({error}): building {target} in place")
-        build(target)
+        build(target, requirements)
         return 0
     log(f"{target} copied from {source}")
     return 0

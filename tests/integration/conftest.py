@@ -12,9 +12,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import unavailable
 from tests.ports import this_test_port
 
 REPO = Path(__file__).resolve().parents[2]
+# the newest torch's venv (`make newest-torch`, requirements/torch-newest.txt): the tests that
+# hold the stop, exit and teardown guarantees on the newest launcher run their bootstrap,
+# torchrun and ranks with its Python; the rest run the .venv's torch (requirements/dev.txt)
+NEWEST_PYTHON = REPO / ".venv-torch-newest" / "bin" / "python"
 TRAINER = REPO / "examples" / "hf_trainer_tiny.py"
 PROBE = REPO / "tests" / "scripts" / "ddp_probe.py"
 
@@ -97,8 +102,16 @@ def control_dir(bootstrap_pid: int, name: str = "job") -> Path:
     return CONTROL_ROOT / f"{bootstrap_pid}-{name}"
 
 
-def bootstrap_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "container_entry", "train", *args]
+def bootstrap_argv(*args: str, python: str = sys.executable) -> list[str]:
+    return [python, "-m", "container_entry", "train", *args]
+
+
+@pytest.fixture(scope="session")
+def newest_python() -> str:
+    """The newest torch's Python, with this checkout installed (`make newest-torch`)."""
+    if not NEWEST_PYTHON.exists():
+        unavailable(f"no {NEWEST_PYTHON.parent.parent.name}: run `make newest-torch`")
+    return str(NEWEST_PYTHON)
 
 
 def with_hosts_file(argv: list[str], hosts_file: Path) -> list[str]:

@@ -286,13 +286,16 @@ def handles_sigterm(pid: int, timeout: float = 10.0) -> bool:
     return False
 
 
-@pytest.mark.parametrize("release", ["installed", "2.9.0"])
-def test_stop_at_any_moment_of_the_start_is_a_stopped_job(tmp_path, release):
+@pytest.mark.parametrize("release", ["newest", "2.9.0"])
+def test_stop_at_any_moment_of_the_start_is_a_stopped_job(tmp_path, request, release):
     """SIGTERM at every phase (reading, preparing, launching, rendezvous, training): always 143
-    and a failure file, never a traceback, a hang or a survivor; planned for the host's newest
-    torch (torchrun told --shutdown-timeout) and for torch 2.9 (no such flag)."""
+    and a failure file, never a traceback, a hang or a survivor; on the newest torch (torchrun
+    told --shutdown-timeout), and planned for torch 2.9 (no such flag) with the .venv's."""
     extra = {}
-    if release != "installed":
+    python = sys.executable
+    if release == "newest":
+        python = request.getfixturevalue("newest_python")
+    else:
         extra["PYTHONPATH"] = str(torch_metadata(tmp_path / "fake-torch", release))
     delays = [0.0, 0.05, 0.15, 0.3, 0.5, 0.8, 1.2, 1.8, 2.5, 3.5, 5.0]
     for index, delay in enumerate(delays):
@@ -303,7 +306,7 @@ def test_stop_at_any_moment_of_the_start_is_a_stopped_job(tmp_path, release):
             tree, SAGEMAKER_PROGRAM="fault_probe.py", PET_NPROC_PER_NODE="2", **extra
         )
         process = subprocess.Popen(
-            bootstrap_argv(),
+            bootstrap_argv(python=python),
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

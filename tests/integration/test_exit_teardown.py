@@ -1,5 +1,5 @@
 """The script's process groups are destroyed at its exit (_site/sitecustomize.py), through the
-real bootstrap, torchrun and worker wrapper, with the installed torch (2.15 here: left to
+real bootstrap, torchrun and worker wrapper, on the newest torch (2.15, its own venv: left to
 Python's finalization, its gloo worker threads aborted the process in about one run in two
 of a plain two-rank script, `terminate called without an active exception`, and once failed
 the restart test's finished job). A destroy_process_group wrapped by the script (exit_probe.py)
@@ -19,7 +19,9 @@ PROBE = REPO / "tests" / "scripts" / "exit_probe.py"
 ABORT = "terminate called without an active exception"
 
 
-def _job(tmp_path, how: str, ranks: int, more: dict[str, str] | None = None, **env: str):
+def _job(
+    tmp_path, python: str, how: str, ranks: int, more: dict[str, str] | None = None, **env: str
+):
     tree = make_tree(tmp_path, script=PROBE)
     out = tmp_path / "calls"
     out.mkdir()
@@ -32,7 +34,7 @@ def _job(tmp_path, how: str, ranks: int, more: dict[str, str] | None = None, **e
     (tree.base / "input/config/hyperparameters.json").write_text(json.dumps(hyperparameters))
     began = time.monotonic()
     done = run(
-        bootstrap_argv(),
+        bootstrap_argv(python=python),
         bootstrap_env(tree, SAGEMAKER_PROGRAM=PROBE.name, PET_NPROC_PER_NODE=str(ranks), **env),
     )
     calls = {path.name: json.loads(path.read_text()) for path in sorted(out.glob("*.json"))}
@@ -48,9 +50,9 @@ def _job(tmp_path, how: str, ranks: int, more: dict[str, str] | None = None, **e
     ],
 )
 def test_every_way_a_script_exits_ends_its_groups_once_after_its_own_exit_handlers(
-    tmp_path, how, ranks, code, first
+    newest_python, tmp_path, how, ranks, code, first
 ):
-    tree, done, calls, _ = _job(tmp_path, how, ranks)
+    tree, done, calls, _ = _job(tmp_path, newest_python, how, ranks)
     output = done.stdout + done.stderr
     assert done.returncode == code, output[-3000:]
     assert ABORT not in output
@@ -69,8 +71,12 @@ def test_every_way_a_script_exits_ends_its_groups_once_after_its_own_exit_handle
         assert (tree.output / "failure").read_text().startswith(first)
 
 
-def test_a_teardown_that_never_returns_holds_the_exit_only_its_timeout_and_says_so(tmp_path):
-    _, done, calls, took = _job(tmp_path, "stuck", 1, CONTAINER_ENTRY_GROUP_TEARDOWN_TIMEOUT="1")
+def test_a_teardown_that_never_returns_holds_the_exit_only_its_timeout_and_says_so(
+    newest_python, tmp_path
+):
+    _, done, calls, took = _job(
+        tmp_path, newest_python, "stuck", 1, CONTAINER_ENTRY_GROUP_TEARDOWN_TIMEOUT="1"
+    )
     output = done.stdout + done.stderr
     assert "the process groups' teardown at exit took over 1 s; exiting without it" in output
     assert len(calls) == 1 and "initialized_after" not in next(iter(calls.values()))
@@ -79,21 +85,26 @@ def test_a_teardown_that_never_returns_holds_the_exit_only_its_timeout_and_says_
     assert done.returncode == 0 or (done.returncode == 134 and ABORT in output), output[-3000:]
 
 
-def test_a_timeout_of_0_leaves_the_groups_to_the_script_as_before(tmp_path):
-    _, done, calls, _ = _job(tmp_path, "exit0", 1, CONTAINER_ENTRY_GROUP_TEARDOWN_TIMEOUT="0")
+def test_a_timeout_of_0_leaves_the_groups_to_the_script_as_before(newest_python, tmp_path):
+    _, done, calls, _ = _job(
+        tmp_path, newest_python, "exit0", 1, CONTAINER_ENTRY_GROUP_TEARDOWN_TIMEOUT="0"
+    )
     output = done.stdout + done.stderr
     assert calls == {}
     assert done.returncode == 0 or (done.returncode == 134 and ABORT in output), output[-3000:]
 
 
 def test_a_rank_that_exits_with_an_error_is_the_first_failure_though_its_exit_outlasts_its_peers(
+    newest_python,
     tmp_path,
 ):
     """The teardown closes the rank's sockets before its process ends: its peers fail on them
     ("Connection closed by peer") and their records come first, and the launcher stops the
     host, this rank in its exit too. The failure began when its exit did (the wrapper reads
     when the teardown began), and its exit status stays its own."""
-    tree, done, _, _ = _job(tmp_path, "exit3", 2, {"only-rank": "1", "after-teardown": "2"})
+    tree, done, _, _ = _job(
+        tmp_path, newest_python, "exit3", 2, {"only-rank": "1", "after-teardown": "2"}
+    )
     output = done.stdout + done.stderr
     assert done.returncode == 3, output[-3000:]
     failure = (tree.output / "failure").read_text()

@@ -29,10 +29,10 @@ from tests.ports import job_port
 FAULT = REPO / "tests" / "scripts" / "fault_probe.py"
 
 
-def start(tree, hyperparameters=None, argv_wrap=None, **env):
+def start(tree, hyperparameters=None, argv_wrap=None, python=sys.executable, **env):
     if hyperparameters is not None:
         (tree.base / "input/config/hyperparameters.json").write_text(json.dumps(hyperparameters))
-    argv = bootstrap_argv()
+    argv = bootstrap_argv(python=python)
     if argv_wrap:
         argv = argv_wrap(argv)
     environment = bootstrap_env(
@@ -152,9 +152,9 @@ def test_failure_that_outlives_every_restart_fails_the_job_naming_the_rank(tmp_p
 SLOW_CHECKPOINT = 35.0  # seconds a rank needs after SIGTERM: past torchrun's old fixed 30 s
 
 
-def test_sigterm_reaches_every_rank_fast_and_a_slow_checkpoint_is_written(tmp_path):
-    """The default grace (100 s) holds for a checkpoint that takes 35 s, on the host's torch
-    (the newest: torchrun's own --shutdown-timeout); tests/docker has the same on torch 2.9."""
+def test_sigterm_reaches_every_rank_fast_and_a_slow_checkpoint_is_written(tmp_path, newest_python):
+    """The default grace (100 s) holds for a checkpoint that takes 35 s, on the newest torch
+    (torchrun's own --shutdown-timeout); tests/docker has the same on torch 2.9."""
     tree = make_tree(tmp_path, script=FAULT)
     (tree.base / "checkpoints").mkdir()
     (tree.base / "checkpoints" / "older.bin").write_bytes(b"keep")
@@ -164,7 +164,7 @@ def test_sigterm_reaches_every_rank_fast_and_a_slow_checkpoint_is_written(tmp_pa
         "checkpoint-on-term": "true",
         "term-work-seconds": str(SLOW_CHECKPOINT),
     }
-    process = start(tree, hps)
+    process = start(tree, hps, python=newest_python)
     assert wait_for(lambda: ranks_started(tree))
     time.sleep(1.0)
     sent = time.time()
@@ -190,18 +190,23 @@ def test_sigterm_reaches_every_rank_fast_and_a_slow_checkpoint_is_written(tmp_pa
     print(f"SIGTERM -> ranks signalled: {max(latencies) * 1000:.0f} ms")
 
 
-@pytest.mark.parametrize("release", ["installed", "2.9.0"])
-def test_a_rank_polling_the_store_as_it_exits_ends_promptly_after_a_stop(tmp_path, release):
+@pytest.mark.parametrize("release", ["newest", "2.9.0"])
+def test_a_rank_polling_the_store_as_it_exits_ends_promptly_after_a_stop(
+    tmp_path, request, release
+):
     """What NCCL does and gloo hides (docs/gpu.md, an H200 on torch 2.11): a thread polls the
     job's store, which torchrun hosts, until the process exits, and the exit waits for it. A stop
     design that froze torchrun left such a rank alive until the grace ran out, then called it
     one that ignored the stop. Here: each rank checkpoints for 2 s and returns from its handler;
     it must be gone within EXIT_BOUND after that, and the bootstrap within EXIT_BOUND of its
-    last rank (the grace: 40 s). Planned
-    for the host's newest torch and for torch 2.9 (torchrun without --shutdown-timeout)."""
+    last rank (the grace: 40 s). On the newest torch (torchrun told --shutdown-timeout), and
+    planned for torch 2.9 (torchrun without it) with the .venv's launcher."""
     tree = make_tree(tmp_path, script=FAULT)
     extra = {}
-    if release != "installed":
+    python = sys.executable
+    if release == "newest":
+        python = request.getfixturevalue("newest_python")
+    else:
         extra["PYTHONPATH"] = str(torch_metadata(tmp_path / "fake-torch", release))
     work = 2.0
     hps = {
@@ -211,7 +216,7 @@ def test_a_rank_polling_the_store_as_it_exits_ends_promptly_after_a_stop(tmp_pat
         "term-work-seconds": str(work),
         "poll-store": "true",
     }
-    process = start(tree, hps, CONTAINER_ENTRY_STOP_GRACE_PERIOD="40", **extra)
+    process = start(tree, hps, python=python, CONTAINER_ENTRY_STOP_GRACE_PERIOD="40", **extra)
     assert wait_for(lambda: ranks_started(tree))
     time.sleep(1.0)
     process.send_signal(signal.SIGTERM)
