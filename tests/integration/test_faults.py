@@ -522,7 +522,11 @@ def test_failure_on_one_host_ends_every_host_fast(tmp_path, hosts_file):
         assert "rank 3 (local 1) on algo-2: exit code 1: ValueError: planted failure" in line
     assert ended - failed_at < 15, ended - failed_at
     healthy = (trees[0].output / "failure").read_text()
-    assert "rank 0 was at fault_probe.py:" in healthy, healthy  # stacks taken before teardown
+    for rank in (0, 1):  # stacks taken before the teardown, of each rank still running then
+        own = rf"rank {rank} \(local {rank}\) on algo-1: exit code 1: RuntimeError: .* by peer"
+        # gloo may end it first on its own: rank 3's exit closed its connections (torch
+        # 2.13's gloo raised in the next all_reduce before the word came, run 84); NCCL blocks
+        assert f"rank {rank} was at fault_probe.py:" in healthy or re.search(own, healthy), healthy
     print(f"failure -> all hosts exited: {ended - failed_at:.1f} s")
     for tree in trees:
         assert not any(alive(pid) for pid in worker_pids(tree))
