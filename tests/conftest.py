@@ -61,14 +61,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """One worker for each module whose tests share something: docker and delivery modules (a
     cluster network, a registry, a harness) and any module with a module-scoped fixture. Then
     the modules' tests taken in turns (`interleaved`)."""
+
+    def module_of(item: pytest.Item) -> Path:
+        return Path(str(item.fspath)).relative_to(REPO)
+
     grouped = set()
     for item in items:
-        path = Path(str(item.fspath)).relative_to(REPO)
+        path = module_of(item)
         together = path.parts[:2] in (("tests", "docker"), ("tests", "delivery"))
         if together or shares_a_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(name=path.as_posix()))
             grouped.add(path)
-    items[:] = interleaved(items, lambda item: Path(str(item.fspath)).relative_to(REPO), grouped)
+    items[:] = interleaved(items, module_of, grouped)
 
 
 def interleaved(

@@ -5,9 +5,9 @@
         .venv-torch-newest
 
 A torch with its CUDA libraries is some 6 GB that pip took about 100 s to unpack into every
-fresh clone, before `make test` ran a test. The venv is built once per
-lock and interpreter in the machine's cache (~/.cache/container-entry, XDG_CACHE_HOME;
-`dev-venv-<hash>`, a stamp file saying it was built whole) and each checkout gets a copy of it
+fresh clone, before `make test` ran a test. The venv is built once per lock and interpreter
+in the machine's cache (~/.cache/container-entry, XDG_CACHE_HOME; `<lock>-venv-<hash>`, e.g.
+`dev-venv-...`, a stamp file saying it was built whole) and each checkout gets a copy of it
 made of hard links (about a second; a plain copy where the cache is on another file system).
 The few files that name the venv's own path (the scripts in bin/, pyvenv.cfg) are written anew
 in the copy, so nothing in the copy points back at the cache and nothing written into the

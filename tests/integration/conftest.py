@@ -106,6 +106,15 @@ def bootstrap_argv(*args: str, python: str = sys.executable) -> list[str]:
     return [python, "-m", "container_entry", "train", *args]
 
 
+def launcher_of(request: pytest.FixtureRequest, release: str, folder: Path) -> tuple[str, dict]:
+    """The Python a job of `release` runs with, and what its environment adds: "newest", the
+    newest torch's venv; a version, the .venv's launcher planned as that release
+    (`torch_metadata` in front of it on PYTHONPATH)."""
+    if release == "newest":
+        return request.getfixturevalue("newest_python"), {}
+    return sys.executable, {"PYTHONPATH": str(torch_metadata(folder, release))}
+
+
 @pytest.fixture(scope="session")
 def newest_python() -> str:
     """The newest torch's Python, with this checkout installed (`make newest-torch`)."""

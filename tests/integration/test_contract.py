@@ -21,9 +21,9 @@ from tests.integration.conftest import (
     REPO,
     bootstrap_argv,
     bootstrap_env,
+    launcher_of,
     make_tree,
     run,
-    torch_metadata,
 )
 
 ARGV_PROBE = REPO / "tests" / "scripts" / "argv_probe.py"
@@ -291,12 +291,7 @@ def test_stop_at_any_moment_of_the_start_is_a_stopped_job(tmp_path, request, rel
     """SIGTERM at every phase (reading, preparing, launching, rendezvous, training): always 143
     and a failure file, never a traceback, a hang or a survivor; on the newest torch (torchrun
     told --shutdown-timeout), and planned for torch 2.9 (no such flag) with the .venv's."""
-    extra = {}
-    python = sys.executable
-    if release == "newest":
-        python = request.getfixturevalue("newest_python")
-    else:
-        extra["PYTHONPATH"] = str(torch_metadata(tmp_path / "fake-torch", release))
+    python, extra = launcher_of(request, release, tmp_path / "fake-torch")
     delays = [0.0, 0.05, 0.15, 0.3, 0.5, 0.8, 1.2, 1.8, 2.5, 3.5, 5.0]
     for index, delay in enumerate(delays):
         tree = make_tree(tmp_path / str(index), script=FAULT)

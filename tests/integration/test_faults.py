@@ -20,8 +20,8 @@ from tests.integration.conftest import (
     REPO,
     bootstrap_argv,
     bootstrap_env,
+    launcher_of,
     make_tree,
-    torch_metadata,
     with_hosts_file,
 )
 from tests.ports import job_port
@@ -202,12 +202,7 @@ def test_a_rank_polling_the_store_as_it_exits_ends_promptly_after_a_stop(
     last rank (the grace: 40 s). On the newest torch (torchrun told --shutdown-timeout), and
     planned for torch 2.9 (torchrun without it) with the .venv's launcher."""
     tree = make_tree(tmp_path, script=FAULT)
-    extra = {}
-    python = sys.executable
-    if release == "newest":
-        python = request.getfixturevalue("newest_python")
-    else:
-        extra["PYTHONPATH"] = str(torch_metadata(tmp_path / "fake-torch", release))
+    python, extra = launcher_of(request, release, tmp_path / "fake-torch")
     work = 2.0
     hps = {
         "steps": "100000",
