@@ -1154,7 +1154,9 @@ def test_every_host_reads_the_same_first_failure_whenever_it_reads(arrival, gap)
     join_all([one, two])
     clocks_measured(coordinator)
     now = time.time()
-    earlier = RankRecord(host="algo-1", rank=0, returncode=1, failed_at=now - 0.02, ended_at=now)
+    # 0.5 s apart, beyond the clocks' measured error on a loaded machine (10 ms apart, run 91's
+    # CI-path run ordered them the other way on both hosts: the same word, not the one meant)
+    earlier = RankRecord(host="algo-1", rank=0, returncode=1, failed_at=now - 0.51, ended_at=now)
     later = RankRecord(host="algo-2", rank=3, returncode=1, failed_at=now - 0.01, ended_at=now)
     posts = [(one, earlier), (two, later)]
     if arrival == "later first":
