@@ -26,7 +26,7 @@ REGISTRY     ?=
 REPOSITORY   ?= container-entry
 MOVING_TAG   ?= latest
 
-.PHONY: help docker venv newest-torch standin build demo demo-disk test test-disk unit lint login-base push run gpu-check clean
+.PHONY: help docker venv newest-torch standin build demo demo-disk test test-disk bytecode unit lint login-base push run gpu-check clean
 
 help: ## list targets and variables
 	@echo "Targets:"
@@ -81,14 +81,20 @@ demo: docker demo-disk venv standin ## build stand-in + image, run a 2-host x 2-
 		--script examples/hf_trainer_tiny.py --data build/demo-data/data.jsonl \
 		--hp epochs=3 --hp learning-rate=0.005
 
-test: docker test-disk venv newest-torch standin ## run every test (unit, real torchrun, docker cluster); needs a docker engine
+test: docker test-disk venv newest-torch standin bytecode ## run every test (unit, real torchrun, docker cluster); needs a docker engine
 	$(PYTHON) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Free disk first: one line and exit 1 now, not `no space left on device` minutes into a build.
 demo-disk test-disk: docker
 	python3 -m scripts.build.disk_space --for $(@:-disk=)
 
-unit: venv ## run the unit tests only (no docker, no processes)
+# Where PYTHONDONTWRITEBYTECODE is set (these machines set it), Python reads .pyc files but never
+# writes them: each of the suite's Python processes (a thousand bootstraps and rank wrappers)
+# compiled the checkout's modules from source again. Written once here, they are read by all.
+bytecode: venv
+	$(PYTHON) -m compileall -q container_entry scripts tests examples
+
+unit: venv bytecode ## run the unit tests only (no docker, no processes)
 	$(PYTHON) -m pytest -n $(UNIT_WORKERS) tests/unit $(PYTEST_ARGS)
 
 lint: venv ## ruff and mypy on Python, hadolint on the Dockerfiles, shellcheck on shell scripts (all from .venv)
