@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import itertools
 import os
 import shutil
 import subprocess
@@ -60,7 +59,7 @@ def shares_a_module_fixture(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """One worker for each module whose tests share something: docker and delivery modules (a
     cluster network, a registry, a harness) and any module with a module-scoped fixture. Then
-    the modules' tests taken in turns (`interleaved`)."""
+    each module's tests spread over the run (`interleaved`)."""
 
     def module_of(item: pytest.Item) -> Path:
         return Path(str(item.fspath)).relative_to(REPO)
@@ -78,14 +77,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def interleaved(
     items: list[pytest.Item], module_of: Callable[[pytest.Item], Path], grouped: set[Path]
 ) -> list[pytest.Item]:
-    """The tests of every module in turns: one from each module, then the next of each.
+    """Every module's tests spread evenly over the run; the grouped modules first, each one block.
 
     xdist hands the next test in this order to whichever worker is free. In file order the
     tests that mostly wait (a hang timeout, a slow preflight, a frozen host) sit in a few
     modules side by side, so for minutes all 4 workers waited and the 2 CPUs were half idle
-    (run 82: 42-71 % busy for 90 s); in turns, a test that waits runs beside ones that work.
-    A grouped module stays one block (one worker, its module fixtures set up once), also when
-    pytest runs without xdist; the order within a module is kept.
+    (run 82: 42-71 % busy for 90 s). Taken in turns (one test of each module, then the next of
+    each), the short modules ran out in the first minutes and the long ones met again (run 92,
+    540-610 s: three slow preflights and a 35-s checkpoint at once, 66-83 % busy). So the k-th
+    of a module's n tests goes at (k + 0.5) / n of the run, beside the others' tests at that
+    point. A grouped module stays one block (one worker, its module fixtures set up once),
+    also when pytest runs without xdist, and starts first: a block runs for minutes on its
+    worker. The order within a module is kept.
     """
     blocks: dict[Path, list[list[pytest.Item]]] = {}
     for item in items:
@@ -95,11 +98,13 @@ def interleaved(
             runs[0].append(item)
         else:
             runs.append([item])
-    ordered: list[pytest.Item] = []
-    for turn in itertools.zip_longest(*blocks.values()):
-        for block in turn:
-            ordered.extend(block or ())
-    return ordered
+    placed: list[tuple[float, int, list[pytest.Item]]] = []
+    for order, (module, runs) in enumerate(blocks.items()):
+        for k, block in enumerate(runs):
+            at = 0.0 if module in grouped else (k + 0.5) / len(runs)
+            placed.append((at, order, block))
+    placed.sort(key=lambda place: place[:2])
+    return [item for _, _, block in placed for item in block]
 
 
 @pytest.fixture(autouse=True)
