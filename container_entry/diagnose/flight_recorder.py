@@ -66,21 +66,44 @@ def collect(
     """Ask every rank for a dump and wait until each asked rank's file is complete (or the
     timeout); {rank: dump file} of those that landed. A dump lands as a new file (the rank
     writes it whole, then renames it into place), so one of an earlier request never passes
-    for this one, and stays for a rank that can no longer answer (it died since)."""
+    for this one, and stays for a rank that can no longer answer (it died since).
+
+    A rank whose script already ended, of an exception, answers with the dump of its death
+    (`_death_dump`): in its exit its dump thread may never run again (Python's finalization
+    holds daemon threads), while its FIFO still has a reader. Waiting the whole timeout for
+    it held a host's records for 5 s, past the master's wait for them (a collective timeout
+    on two hosts: both hosts' ranks died of it at once)."""
     ranks = list(ranks)
     before = {rank: _identity(run.dump(rank)) for rank in ranks}
     pending = {rank: run.dump(rank) for rank in request(control, ranks)}
     landed: dict[int, Path] = {}
+    for rank in set(ranks) - set(pending):  # gone: its death's dump, if it wrote one
+        if (death := _death_dump(control, run, rank)) is not None:
+            landed[rank] = death
     deadline = time.monotonic() + timeout
     while pending:
         for rank, path in list(pending.items()):
             now = _identity(path)
             if now is not None and now != before[rank]:
                 landed[rank] = pending.pop(rank)
+            elif (death := _death_dump(control, run, rank)) is not None:
+                landed[rank] = death
+                del pending[rank]
         if not pending or time.monotonic() >= deadline:
             break
         time.sleep(0.02)
     return landed
+
+
+def _death_dump(control: ControlDir, run: RunDir, rank: int) -> Path | None:
+    """The dump the rank wrote as it died of an exception in this run of its script: written
+    at exit after the script's end was noted (_site/sitecustomize.py: the end's mark first,
+    then atexit's dump), so not older than the mark, which the wrapper removes before each
+    start (one of an earlier attempt never passes for this one)."""
+    ended, died = _identity(control.exiting(rank)), _identity(run.death_dump(rank))
+    if ended is None or died is None or died[1] < ended[1]:
+        return None
+    return run.death_dump(rank)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

@@ -86,3 +86,45 @@ def test_a_rank_that_can_no_longer_answer_keeps_the_dump_it_wrote_before(tmp_pat
     run.dump(3).write_text('{"recorders": {"generic": {"entries": []}}}')
     assert flight_recorder.collect(control, run, [3], timeout=0.2) == {}  # nobody listens
     assert run.dump(3).read_text() == '{"recorders": {"generic": {"entries": []}}}'
+
+
+def ended(control, run, rank, *, died: bool, dump_first: bool = False) -> None:
+    """The rank's script ended, as _site/sitecustomize.py notes it: the end's mark, then (of an
+    exception) the dump of its death. `dump_first`: a death dump of an earlier attempt."""
+    if dump_first:
+        run.death_dump(rank).write_text('{"recorders": {"old": {}}}')
+        time.sleep(0.05)  # the filesystem's timestamps: the mark is newer
+    control.exiting(rank).write_text(repr(time.time()))
+    if died:
+        run.death_dump(rank).with_suffix(".tmp").write_text('{"recorders": {"generic": {}}}')
+        os.replace(run.death_dump(rank).with_suffix(".tmp"), run.death_dump(rank))
+
+
+def test_a_rank_in_its_exit_answers_with_the_dump_of_its_death_at_once(tmp_path):
+    """Every state a rank can be in when asked, its FIFO still open (a rank in its exit keeps
+    it: its dump thread never runs again). A collective timeout on two hosts: every rank died
+    of it at once, and waiting the whole bound for them held this host's records past the
+    master's wait for them (run 93: the culprit named the other host's ranks alone)."""
+    control, run = folders(tmp_path)
+    for rank in range(5):
+        flight_recorder.listen(control, run, rank)
+    ended(control, run, 0, died=True)  # died of an exception before the request
+    ended(control, run, 1, died=False)  # the dump of its death lands while it is asked...
+    ended(control, run, 2, died=False)  # ended without an exception: nothing at its death
+    ended(control, run, 3, died=False, dump_first=True)  # an earlier attempt's death dump
+    ended(control, run, 4, died=True)  # gone: nobody listens on its FIFO any more
+    for rank in range(4):
+        reader(control.dump_request(rank))  # open, never answering
+
+    def dies_later() -> None:
+        time.sleep(0.3)
+        ended(control, run, 1, died=True)
+
+    threading.Thread(target=dies_later, daemon=True).start()
+    started = time.monotonic()
+    landed = flight_recorder.collect(control, run, [0, 1, 4], timeout=60.0)
+    assert landed == {rank: run.death_dump(rank) for rank in (0, 1, 4)}
+    assert time.monotonic() - started < 30.0  # not the 60-s bound, however busy the machine
+
+    # no dump of this attempt's death: asked, waited for until the bound, not taken
+    assert flight_recorder.collect(control, run, [2, 3], timeout=0.5) == {}
