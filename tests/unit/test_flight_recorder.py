@@ -67,15 +67,15 @@ def test_collect_waits_for_each_asked_rank_and_no_longer(tmp_path):
     reader(control.dump_request(0), answer(0, 0.2))
     reader(control.dump_request(1), answer(1, 0.6))
     started = time.monotonic()
-    landed = flight_recorder.collect(control, run, [0, 1], timeout=5.0)
+    landed = flight_recorder.collect(control, run, [0, 1], timeout=60.0)
     took = time.monotonic() - started
     assert set(landed) == {0, 1}
-    assert 0.6 <= took < 4.0, took  # not the 5 s timeout
+    assert 0.6 <= took < 30.0, took  # not the 60-s bound, however busy the machine
 
     reader(control.dump_request(0))  # listens, never answers (its GIL never comes back)
     started = time.monotonic()
     assert flight_recorder.collect(control, run, [0], timeout=0.5) == {}
-    assert time.monotonic() - started < 4.0  # its 0.5 s timeout, with the machine busy
+    assert time.monotonic() - started < 30.0  # its 0.5 s bound, however busy the machine
 
 
 def test_a_rank_that_can_no_longer_answer_keeps_the_dump_it_wrote_before(tmp_path):
