@@ -89,7 +89,7 @@ demo-disk test-disk: docker
 	python3 -m scripts.build.disk_space --for $(@:-disk=)
 
 # Where PYTHONDONTWRITEBYTECODE is set (these machines set it), Python reads .pyc files but never
-# writes them: each of the suite's Python processes (a thousand bootstraps and rank wrappers)
+# writes them: each of the suite's Python processes (about 830 bootstraps and rank wrappers)
 # compiled the checkout's modules from source again. Written once here, they are read by all.
 bytecode: venv
 	$(PYTHON) -m compileall -q container_entry scripts tests examples
