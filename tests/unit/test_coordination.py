@@ -122,8 +122,10 @@ def test_a_host_that_never_joins_is_named():
     port = free_port()
     coordinator = Coordinator(("algo-1", "algo-2"), port, **FAST)
     master = member("algo-1", port)
-    with pytest.raises(NetworkError, match=r"not every host joined the job within 0\.3 s"):
-        master.join(0.3)
+    # a window algo-1's own handshake fits in however busy the machine (0.3 s did not, under
+    # load in run 99: algo-1 was named missing too)
+    with pytest.raises(NetworkError, match=r"not every host joined the job within 3 s"):
+        master.join(3.0)
     assert coordinator.missing() == ["algo-2"]
     master.close()
     coordinator.close()
