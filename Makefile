@@ -38,7 +38,7 @@ help: ## list targets and variables
 	@echo "  SCRIPT/ARGS script and arguments for run (default: $(SCRIPT)); ARGS is split like"
 	@echo "              a shell would split it but never evaluated"
 	@echo "  GPUS        docker --gpus value for run (all; none for a CPU-only machine)"
-	@echo "  PYTEST_ARGS extra pytest arguments for test"
+	@echo "  PYTEST_ARGS extra pytest arguments for test and unit"
 	@echo "  TEST_WORKERS pytest-xdist workers for test ($(TEST_WORKERS))"
 	@echo "  UNIT_WORKERS pytest-xdist workers for unit ($(UNIT_WORKERS))"
 	@echo "  VERSION     version tag for push, immutable in ECR (default: pyproject's, $(VERSION))"

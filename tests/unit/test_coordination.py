@@ -108,12 +108,12 @@ def test_failure_is_relayed_and_the_master_stops_waiting_once_peers_leave():
     one, two = member("algo-1", port), member("algo-2", port)
     join_all([one, two])
     two.post_failure(RankRecord(host="algo-2", rank=3, returncode=1))
-    assert one.aborted.wait(5) and one.abort is not None and one.abort.rank == 3
+    assert one.aborted.wait(30) and one.abort is not None and one.abort.rank == 3
     two.close()
     one.close()
     started = time.monotonic()
-    coordinator.wait_finished(5.0)
-    assert time.monotonic() - started < 3.0  # every host closed its channel: not the 5 s wait
+    coordinator.wait_finished(60.0)
+    assert time.monotonic() - started < 30.0  # every host closed its channel: not the 60 s wait
     assert coordinator.vanished == {}  # hosts leaving after a failure did not vanish
     coordinator.close()
 
@@ -137,13 +137,13 @@ def test_a_killed_host_is_a_failure_naming_it_at_once():
     one, two = member("algo-1", port), member("algo-2", port)
     three = raw_join("algo-3", port)
     join_all([one, two])
-    killed = time.monotonic()
     three.close()  # SIGKILL: the kernel closes the socket, the peer sees the FIN
-    assert one.aborted.wait(5) and two.aborted.wait(5)
-    noticed = time.monotonic() - killed
-    assert noticed < LIVENESS  # no need to wait for the silence
+    assert one.aborted.wait(30) and two.aborted.wait(30)
+    # at once: the words are the closed connection's, not the silence's (no wall-clock bound,
+    # which a busy machine can exceed)
     assert one.abort is not None and one.abort.host == "algo-3"
     assert one.abort.what.startswith("host algo-3 left the job without a word")
+    assert "heartbeat" not in one.abort.what
     assert not one.lost_master
     for m in (one, two):
         m.close()
@@ -154,12 +154,12 @@ def test_a_frozen_host_is_noticed_after_the_liveness_timeout_and_named():
     port = free_port()
     coordinator = Coordinator(("algo-1", "algo-2", "algo-3"), port, **FAST)
     one, two = member("algo-1", port), member("algo-2", port)
+    since = time.monotonic()  # before its join: its silence cannot have begun earlier
     frozen = raw_join("algo-3", port)  # its socket stays open: only heartbeats tell
     join_all([one, two])
-    since = time.monotonic()
-    assert two.aborted.wait(5)
+    assert two.aborted.wait(30)
     took = time.monotonic() - since
-    assert LIVENESS * 0.5 <= took <= LIVENESS + 2.0, took  # never: the 5 s wait
+    assert took >= LIVENESS * 0.5, took  # not before the silence; the words say which rule
     assert two.abort is not None and two.abort.what == (
         f"host algo-3 stopped answering (no heartbeat for {LIVENESS:g} s): its bootstrap died, "
         "froze or lost the network"
@@ -182,7 +182,7 @@ def test_the_master_does_not_wait_for_a_frozen_host_at_finish():
     one.close()
     started = time.monotonic()
     coordinator.wait_finished(60.0)
-    assert time.monotonic() - started < LIVENESS + 3.0  # not the 60 s wait
+    assert time.monotonic() - started < 30.0  # the silence, not the 60 s wait
     frozen.close()
     coordinator.close()
 
@@ -223,10 +223,10 @@ def test_a_member_notices_a_frozen_master():
     port = free_port()
     server, accepted = frozen_master(port, say_start=True)
     two = member("algo-2", port)
+    since = time.monotonic()  # before the join: the master's silence begins after it
     two.join(5)
-    since = time.monotonic()
-    assert two.aborted.wait(5)
-    assert LIVENESS * 0.5 <= time.monotonic() - since <= LIVENESS + 2.0  # never: 5 s
+    assert two.aborted.wait(30)
+    assert time.monotonic() - since >= LIVENESS * 0.5  # not before the silence
     assert two.lost_master and two.lost_reason == f"no heartbeat for {LIVENESS:g} s"
     two.close()
     server.close()
@@ -240,8 +240,8 @@ def test_a_master_that_freezes_during_the_join_is_reported_at_once_not_at_the_jo
     two = member("algo-2", port)
     started = time.monotonic()
     with pytest.raises(NetworkError, match=r"the master host 127\.0\.0\.1 stopped answering"):
-        two.join(30)
-    assert time.monotonic() - started < LIVENESS + 3.0  # not the 30 s join timeout
+        two.join(60)
+    assert time.monotonic() - started < 30.0  # the silence, not the 60 s join timeout
     two.close()
     server.close()
     for connection in accepted:
@@ -256,28 +256,29 @@ def test_a_member_hears_the_master_s_verdict_on_who_never_joined_in_its_own_word
 
     def join_two():
         try:
-            two.join(0.2, verdict_grace=3.0)  # its own timeout passes first: it must wait
+            two.join(2.0, verdict_grace=20.0)  # its own timeout passes first: it must wait
         except BaseException as error:
             outcome.append(error)
 
     joining = threading.Thread(target=join_two)
     joining.start()
+    # windows the hosts' handshakes fit in however busy the machine (0.2 and 0.4 s did not)
     with pytest.raises(NetworkError):
-        master.join(0.4)
+        master.join(4.0)
     assert coordinator.missing() == ["algo-3"]
     master.post_failure(
         RankRecord(
             host="algo-1",
             rank=None,
             returncode=3,
-            what="host(s) algo-3 never joined the job within 0.4 s (the master algo-1 gave up "
+            what="host(s) algo-3 never joined the job within 4 s (the master algo-1 gave up "
             "waiting)",
         )
     )
-    joining.join(5)
+    joining.join(30)
     assert len(outcome) == 1 and isinstance(outcome[0], PeerFailure)
     assert str(outcome[0]) == (
-        "host(s) algo-3 never joined the job within 0.4 s (the master algo-1 gave up waiting); "
+        "host(s) algo-3 never joined the job within 4 s (the master algo-1 gave up waiting); "
         "algo-2 started no worker because of it"
     )
     assert outcome[0].exit_code == 3
@@ -292,9 +293,9 @@ def test_a_member_that_gives_up_first_names_who_the_master_waited_for():
     coordinator = Coordinator(("algo-1", "algo-2", "algo-3"), port, **FAST)
     two = member("algo-2", port)
     with pytest.raises(NetworkError) as caught:
-        two.join(0.3)
+        two.join(2.0)  # its handshake fits in however busy the machine (0.3 s may not)
     assert str(caught.value) == (
-        "not every host joined the job within 0.3 s: the master 127.0.0.1 was still waiting "
+        "not every host joined the job within 2 s: the master 127.0.0.1 was still waiting "
         "for algo-1, algo-3"
     )
     two.close()
@@ -305,16 +306,18 @@ def test_a_host_joining_after_a_failure_hears_it_at_once():
     port = free_port()
     coordinator = Coordinator(("algo-1", "algo-2", "algo-3"), port, **FAST)
     one, two = member("algo-1", port), member("algo-2", port)
-    raised = [background_join(m, 0.3) for m in (one, two)]
-    time.sleep(0.1)
+    raised = [background_join(m, 60.0) for m in (one, two)]
+    deadline = time.monotonic() + 30  # both joined (a failure posted before the join is not
+    while coordinator.missing() != ["algo-3"] and time.monotonic() < deadline:  # sent)
+        time.sleep(0.01)
     one.post_failure(RankRecord(host="algo-1", rank=None, returncode=2, what="CodeError: x"))
-    assert two.aborted.wait(2) and not one.aborted.is_set()  # the poster hears no echo
+    assert two.aborted.wait(30) and not one.aborted.is_set()  # the poster hears no echo
     late = member("algo-3", port)
     started = time.monotonic()
     with pytest.raises(PeerFailure, match="algo-1: CodeError: x; algo-3 started no worker"):
-        late.join(30)
-    assert time.monotonic() - started < 5.0  # at once, not at the 30 s join timeout
-    deadline = time.monotonic() + 5  # its join thread ends on its own time
+        late.join(60)
+    assert time.monotonic() - started < 30.0  # at once, not at the 60 s join timeout
+    deadline = time.monotonic() + 30  # its join thread ends on its own time
     while not raised[1] and time.monotonic() < deadline:
         time.sleep(0.02)
     assert isinstance(raised[1][0], PeerFailure)  # two heard it during its own join
@@ -323,7 +326,9 @@ def test_a_host_joining_after_a_failure_hears_it_at_once():
     coordinator.close()
 
 
-def test_a_failure_reaches_64_hosts_within_a_second_and_the_master_uses_one_thread():
+def test_a_failure_reaches_64_hosts_at_once_and_the_master_uses_one_thread():
+    """At once: a second on a quiet machine; bounded by 10 s here, not by the failing host's
+    heartbeats (it goes on beating: only the relay can tell the others)."""
     hosts = [f"algo-{i}" for i in range(1, 65)]
     port = free_port()
     before = set(threading.enumerate())  # other tests' threads may end meanwhile: new ones
@@ -333,8 +338,8 @@ def test_a_failure_reaches_64_hosts_within_a_second_and_the_master_uses_one_thre
     join_all(members)
     sent = time.monotonic()
     members[17].post_failure(RankRecord(host="algo-18", rank=70, local_rank=0, returncode=1))
-    assert all(m.aborted.wait(2) for m in members if m is not members[17])
-    assert time.monotonic() - sent < 1.0
+    assert all(m.aborted.wait(10) for m in members if m is not members[17])
+    assert time.monotonic() - sent < 10.0
     assert all(m.abort is not None and m.abort.rank == 70 for m in members if m.abort)
     for m in members:
         m.close()
@@ -501,7 +506,7 @@ def test_a_stranger_is_refused_and_logged_and_the_job_goes_on_and_still_notices_
     assert coordinator.thread.is_alive() and coordinator.first_failure is None
     # heartbeats and the liveness watch still work: algo-3 goes silent and is named
     three.interval = float("inf")
-    assert one.aborted.wait(LIVENESS + 1) and two.aborted.wait(1)
+    assert one.aborted.wait(30) and two.aborted.wait(10)
     assert one.abort is not None and one.abort.what.startswith("host algo-3 stopped answering")
 
 
@@ -643,7 +648,7 @@ def test_a_connection_that_does_not_join_in_time_is_dropped():
     coordinator = Coordinator(("algo-1",), port, key=KEY, auth_timeout=0.2, **FAST)
     silent = socket.create_connection(("127.0.0.1", port))
     assert receive(silent)["type"] == "hello"
-    assert receive(silent, timeout=2) == {"type": "refused", "reason": "did not join within 0.2 s"}
+    assert receive(silent, timeout=30) == {"type": "refused", "reason": "did not join within 0.2 s"}
     assert silent.recv(1) == b""  # closed
     silent.close()
     coordinator.close()
@@ -696,9 +701,9 @@ def test_a_host_whose_name_resolves_late_is_admitted_and_what_it_said_meanwhile_
         time.sleep(0.01)
     assert not coordinator.has_joined("algo-2")  # proven, its address not yet checked
     table["algo-2"] = ["::1", "127.0.1.1"]  # DNS caught up: a loopback name on this machine
-    assert two.started.wait(3) and one.started.wait(1) and not any(raised)
+    assert two.started.wait(30) and one.started.wait(10) and not any(raised)
     two.post_failure(RankRecord(host="algo-2", rank=1, returncode=1))
-    assert one.aborted.wait(2) and one.abort.rank == 1
+    assert one.aborted.wait(10) and one.abort.rank == 1
     for m in (one, two):
         m.close()
     coordinator.close()
@@ -717,7 +722,7 @@ def test_a_host_speaks_only_for_itself(job3, capsys):
     assert "ignored a failure from algo-2 (127.0.0.1:" in err and "about another host" in err
     # a failure naming no host is this host's own
     two._send({"type": "failed", "failure": {"host": None, "rank": None, "returncode": 2}})
-    assert one.aborted.wait(2) and three.aborted.wait(2)
+    assert one.aborted.wait(10) and three.aborted.wait(10)
     assert one.abort == RankRecord(host="algo-2", rank=None, returncode=2)
 
 
@@ -753,7 +758,7 @@ def test_a_malformed_message_from_the_master_never_stops_the_member_listening(ca
     two.join(5)
     assert two.machine_share() == (1, 2)  # only the valid start counted
     heard.set()
-    assert two.aborted.wait(3) and not two.lost_master
+    assert two.aborted.wait(10) and not two.lost_master
     assert two.abort is not None and two.abort.rank == 3
     err = capsys.readouterr().err
     assert "ignored a message from the master host 127.0.0.1: start machine tally" in err
@@ -781,17 +786,20 @@ def test_a_defect_serving_one_connection_touches_no_other(job3, monkeypatch, cap
     assert f"side channel: internal error serving {address}: RuntimeError: a defect" in err
     assert coordinator.thread.is_alive() and not any(m.aborted.is_set() for m in (one, two))
     two.post_failure(RankRecord(host="algo-2", rank=4, returncode=1))
-    assert one.aborted.wait(2) and three.aborted.wait(2)
+    assert one.aborted.wait(10) and three.aborted.wait(10)
 
 
 def test_a_flood_of_strangers_is_logged_a_few_lines_only(job3, capsys):
     coordinator, members, port = job3
+    started = time.monotonic()
     for _ in range(40):
         attack(port, ATTACKS["bad join"])
+    took = time.monotonic() - started
     time.sleep(0.2)
     lines = [line for line in capsys.readouterr().err.splitlines() if "side channel:" in line]
     assert len(coordinator.refused) == 40
-    assert 1 <= len(lines) <= 11, lines
+    # 10 at once, then one per 6 s (the flood lasts longer on a busy machine): not 40
+    assert 1 <= len(lines) <= 11 + int(took / 6), lines
     assert not any(m.aborted.is_set() for m in members)
 
 
@@ -1105,8 +1113,10 @@ def test_a_master_whose_own_host_is_refused_says_why_and_tells_the_others(monkey
     try:
         with pytest.raises(NetworkError, match=r"refused this host \(not a host of this job: addr"):
             master.join()
-        assert two.aborted.wait(3)
-        time.sleep(0.2)
+        assert two.aborted.wait(30)
+        deadline = time.monotonic() + 30  # its join thread raises on its own time
+        while not raised and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert len(raised) == 1 and isinstance(raised[0], PeerFailure)
         assert str(raised[0]).startswith(
             "algo-1: NetworkError: the master host 127.0.0.1 refused this host (not a host of "
@@ -1130,12 +1140,12 @@ def test_two_failures_at_once_are_one_story_decided_by_the_ranks_own_end_times()
     earlier = RankRecord(host="algo-1", rank=0, returncode=1, ended_at=now - 0.014)
     later = RankRecord(host="algo-2", rank=3, returncode=1, ended_at=now)
     hosts[1].post_failure(later)
-    assert hosts[0].aborted.wait(5) and hosts[0].abort.rank == 3  # arrival stops everyone
+    assert hosts[0].aborted.wait(30) and hosts[0].abort.rank == 3  # arrival stops everyone
     hosts[0].post_failure(earlier)  # ended before the abort reached algo-1: still posted
     for host in hosts:
         host.settle()
     for host in hosts:
-        assert host.first_failure(5.0) is not None and host.decided.is_set()
+        assert host.first_failure(30.0) is not None and host.decided.is_set()
     assert [(h.first.host, h.first.rank) for h in hosts] == [("algo-1", 0)] * 3
     for host in hosts:
         host.close()
@@ -1196,7 +1206,7 @@ def test_a_host_posts_again_for_a_rank_whose_failure_began_before_the_one_it_pos
     victim = RankRecord(host="algo-2", rank=2, returncode=1, failed_at=now, ended_at=now)
     culprit = RankRecord(host="algo-2", rank=3, returncode=1, failed_at=now - 0.05, ended_at=now)
     two.post_failure(victim)
-    assert one.aborted.wait(5) and one.abort.rank == 2  # arrival stops every host at once
+    assert one.aborted.wait(30) and one.abort.rank == 2  # arrival stops every host at once
     two.post_failure(culprit)
     assert two.posted_began == now - 0.05
     for later in (
@@ -1208,7 +1218,7 @@ def test_a_host_posts_again_for_a_rank_whose_failure_began_before_the_one_it_pos
         assert two.posted_began == now - 0.05, later
     two.settle()
     one.settle()
-    assert [h.first_failure(5.0).rank for h in (one, two)] == [3, 3]
+    assert [h.first_failure(30.0).rank for h in (one, two)] == [3, 3]
     for host in (one, two):
         host.close()
     coordinator.close()
@@ -1244,7 +1254,7 @@ def test_a_stop_told_with_its_moment_comes_before_the_errors_its_ranks_leaving_c
     one.settle()
     two.settle()
     for host in (one, two):
-        first = host.first_failure(5.0)
+        first = host.first_failure(30.0)
         assert first is not None and (first.host, first.rank, first.what) == ("algo-2", None, what)
         assert first.host_stopped  # the others stop their ranks as a stop does
     for host in (one, two):
@@ -1263,11 +1273,11 @@ def test_a_stop_after_a_failure_of_another_kind_does_not_take_its_place():
     culprit = RankRecord(host="algo-1", rank=0, returncode=1, exception=error, failed_at=now)
     stop = RankRecord(host="algo-2", rank=None, returncode=143, what="stopped", failed_at=now + 0.5)
     two.post_failure(stop)  # arrives first: it stops algo-1 at once
-    assert one.aborted.wait(5)
+    assert one.aborted.wait(30)
     one.post_failure(culprit)  # began before the abort arrived: it may still be first
     one.settle()
     two.settle()
-    assert [h.first_failure(5.0).rank for h in (one, two)] == [0, 0]
+    assert [h.first_failure(30.0).rank for h in (one, two)] == [0, 0]
     for host in (one, two):
         host.close()
     coordinator.close()
@@ -1288,11 +1298,12 @@ def test_a_host_that_never_settles_holds_the_decision_only_for_the_settling_wait
     two.post_failure(RankRecord(host="algo-2", rank=3, returncode=1, ended_at=now))
     two.settle()
     one.settle()
-    first = one.first_failure(10.0)
+    first = one.first_failure(30.0)
     waited = time.monotonic() - posted
     assert first is not None and (first.host, first.rank) == ("algo-2", 3)
-    assert settle * 0.9 <= waited < settle + 1.0, waited
-    assert two.first_failure(1.0) is not None and two.first.rank == 3
+    # the settling wait, not the 30 s this host would wait (bounded far from both, load)
+    assert settle * 0.9 <= waited < settle + 10.0, waited
+    assert two.first_failure(10.0) is not None and two.first.rank == 3
     # too late: an earlier failure after the final word is no news
     one.posted = False
     one.post_failure(RankRecord(host="algo-1", rank=0, returncode=1, ended_at=now - 1))
@@ -1307,17 +1318,20 @@ def test_a_host_that_never_settles_holds_the_decision_only_for_the_settling_wait
 
 def test_without_a_measured_clock_arrival_decides_and_a_consequence_is_not_posted():
     port = free_port()
-    coordinator = Coordinator(("algo-1", "algo-2"), port, liveness_timeout=5.0, interval=5.0)
-    one = Member("algo-1", "127.0.0.1", port, liveness_timeout=5.0, interval=5.0)
-    two = Member("algo-2", "127.0.0.1", port, liveness_timeout=5.0, interval=5.0)
-    join_all([one, two])  # no heartbeat yet (5 s apart): no clock known
+    # beats 30 s apart, silence after 60 s: however slow the machine, no clock is measured
+    # and nobody is taken for silent (5 and 5 s raced each other)
+    slow = {"liveness_timeout": 60.0, "interval": 30.0}
+    coordinator = Coordinator(("algo-1", "algo-2"), port, **slow)
+    one = Member("algo-1", "127.0.0.1", port, **slow)
+    two = Member("algo-2", "127.0.0.1", port, **slow)
+    join_all([one, two])  # no heartbeat yet: no clock known
     now = time.time()
     two.post_failure(RankRecord(host="algo-2", rank=1, returncode=1, ended_at=now))
-    assert one.aborted.wait(5)
+    assert one.aborted.wait(30)
     one.post_failure(RankRecord(host="algo-1", rank=0, returncode=1, ended_at=now - 1))
     one.settle()
     two.settle()
-    assert two.first_failure(5.0).rank == 1 and one.first_failure(5.0).rank == 1
+    assert two.first_failure(30.0).rank == 1 and one.first_failure(30.0).rank == 1
     assert one.decided.is_set() and two.decided.is_set()
     time.sleep(0.3)
     assert one.first.rank == 1  # arrival order stands

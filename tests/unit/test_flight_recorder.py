@@ -5,6 +5,7 @@ skips a rank nobody listens for, and the wait ends as soon as every asked rank's
 from __future__ import annotations
 
 import os
+import select
 import threading
 import time
 
@@ -13,17 +14,36 @@ from container_entry.diagnose import flight_recorder
 
 
 def reader(path, then=None):
-    """A rank's dump thread in miniature: block on the FIFO, then answer."""
+    """A rank's dump thread in miniature: wait on the FIFO for a request's byte, then answer.
+
+    The read end is opened here, before the thread starts: `request` opens the FIFO without
+    blocking and skips it (ENXIO) while nobody has it open for reading, and a thread left to
+    open it itself may not have got that far under load (a 50-ms head start was not enough)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
 
     def serve():
-        with open(path, "rb") as fifo:
-            fifo.read()
+        # A nonblocking read end reads b"" while no writer has it open (and stays readable
+        # after a writer closed), EAGAIN while a writer holds it with nothing written: poll,
+        # read, and retry either until the byte came or a cap, however busy the machine.
+        try:
+            deadline = time.monotonic() + 60.0
+            while time.monotonic() < deadline:
+                select.select([fd], [], [], 0.05)
+                try:
+                    if os.read(fd, 1):
+                        break
+                except BlockingIOError:
+                    pass
+                time.sleep(0.01)
+            else:
+                return  # never asked: no answer
+        finally:
+            os.close(fd)
         if then:
             then()
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    time.sleep(0.05)  # blocked in open() before the request
     return thread
 
 
@@ -44,7 +64,7 @@ def test_a_request_reaches_listening_ranks_and_skips_the_others(tmp_path):
     threads = [reader(control.dump_request(rank)) for rank in (0, 2)]
     assert flight_recorder.request(control, [0, 1, 2, 5]) == [0, 2]  # 1: no reader, 5: no FIFO
     for thread in threads:
-        thread.join(timeout=5)
+        thread.join(timeout=60)  # it wakes on the byte already sent: 60 s for a loaded machine
         assert not thread.is_alive()
 
 

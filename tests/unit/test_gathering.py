@@ -37,7 +37,7 @@ def test_the_master_names_the_culprit_on_every_host_from_every_host_s_records():
     one.post_records([rank(0, "ignored", 6, True), rank(1, "ignored", 6, True)])
     assert two.hang_culprit(0.3) is None  # one host's records alone: the master still waits
     two.post_records([rank(2, "x", 6, True), rank(3, "x", 5, False, "train.py:88 in evaluate")])
-    words = [m.hang_culprit(5.0) for m in (one, two)]
+    words = [m.hang_culprit(30.0) for m in (one, two)]
     assert words[0] == words[1]
     assert words[0].startswith("rank 3 on algo-2 never entered all_reduce #6 of the default group")
     assert words[0].endswith("rank 3 was at train.py:88 in evaluate")
@@ -63,8 +63,8 @@ def test_a_host_waiting_for_the_culprit_stops_waiting_when_the_master_is_gone():
     time.sleep(0.3)
     assert waiter.is_alive()  # algo-1's records are missing: the master still waits
     coordinator.close()
-    waiter.join(10.0)
-    assert waited and waited[0] < 10.0, waited
+    waiter.join(60.0)
+    assert waited and waited[0] < 20.0, waited  # the master's close, not the 30-s wait
     assert two.culprit is None
     for member in (one, two):
         member.close()

@@ -69,11 +69,12 @@ def test_the_failed_rank_gone_and_a_child_of_a_rank_counted_as_that_rank(tmp_pat
          "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"]
     )  # fmt: skip
     try:
-        for _ in range(100):
-            kids = children(parent.pid)
-            if kids:
-                break
+        # two Pythons to start before the child shows: up to seconds each under load, so a
+        # generous cap (60 s), left as soon as the child is there
+        deadline = time.monotonic() + 60.0
+        while not (kids := children(parent.pid)) and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert kids, "the rank's child never started"
         ranks = {3: WorkerPids(rank=3, wrapper=parent.pid, child=parent.pid)}
         monkeypatch.setenv("PATH", f"{fake_smi(tmp_path / 'bin', [(kids[0], 0, 600)])}:/usr/bin")
         line = gpu_memory.report(0, "algo-2", 0, gpu_memory.holders(0, ranks))

@@ -99,21 +99,26 @@ def test_workers_are_read_from_their_pid_files_and_signalled_by_group(tmp_path):
         child.wait()
 
 
-def test_torchrun_s_own_lines_are_kept_and_shown_until_a_teardown_quiets_them(capfd):
+def test_torchrun_s_own_lines_are_kept_and_shown_until_a_teardown_quiets_them(capfd, tmp_path):
+    # the teardown begins once torchrun's first line was read (not after a fixed sleep, which a
+    # Python start on a busy machine outlasted), and torchrun goes on only then
+    go = tmp_path / "go"
     script = (
-        "import sys, time\n"
+        "import os, sys, time\n"
         "sys.stderr.write('[algo-1 rank 0] a rank line\\ntorchrun says 1\\n'); sys.stderr.flush()\n"
-        "time.sleep(0.5)\n"
+        f"while not os.path.exists({str(go)!r}): time.sleep(0.01)\n"
         "sys.stderr.write('Traceback: SignalException\\n[algo-1 rank 0] last\\nno newline')\n"
     )
     process = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
     output = TorchrunOutput(b"[algo-1 rank ")
 
-    def quiet_later():
-        time.sleep(0.3)
+    def quiet_later() -> None:
+        while "torchrun says 1" not in output.tail:
+            time.sleep(0.01)
         output.quiet = True
+        go.touch()
 
-    threading.Thread(target=quiet_later).start()
+    threading.Thread(target=quiet_later, daemon=True).start()
     output.pump(process)
     process.wait()
     shown = capfd.readouterr().err
@@ -201,9 +206,12 @@ def test_only_ranks_with_a_stack_handler_are_asked_for_stacks(tmp_path):
             time.sleep(0.05)
         assert catches(python.pid, signal.SIGUSR2) and not catches(shell.pid, signal.SIGUSR2)
         assert Workers(ControlDir(tmp_path)).request_stacks() == {0: True, 1: False}
-        time.sleep(0.5)
-        assert python.poll() is None and shell.poll() is None  # both still running
+        deadline = time.monotonic() + 30  # the dump, when the rank is next scheduled
+        while "File" not in (tmp_path / "s").read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert "File" in (tmp_path / "s").read_text()
+        time.sleep(0.2)  # a shell without a handler would have died of it by now
+        assert python.poll() is None and shell.poll() is None  # both still running
         assert not catches(999_999_999, signal.SIGUSR2)  # no such process
     finally:
         for child in (python, shell):

@@ -70,7 +70,7 @@ def test_end_all_ends_every_child_kind_and_its_group_and_reaps_them():
         pid for pid in pids if pid != grandchild
     )
     assert remaining == ""  # reaped: not even a zombie left to the bootstrap
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while any(map(alive, pids)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [pid for pid in pids if alive(pid)]
@@ -94,17 +94,26 @@ def raise_stop(signum, frame):
     raise Stopped()
 
 signal.signal(signal.SIGTERM, raise_stop)
-argv = [sys.executable, "-c",
-    "import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', "
-    "'import time; time.sleep(600)']); print(os_pid, c.pid, flush=True); time.sleep(600)"
-    .replace("os_pid", "__import__('os').getpid()")]
+# a shell starts in milliseconds: its pids are out long before the 5-s timeout, however busy
+argv = ["sh", "-c", "sleep 600 & echo $$ $!; exec sleep 600"]
 how = sys.argv[1]
-if how == "stop":
-    threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
-try:
-    offspring.run(argv, stdout=open("pids.txt", "w"), timeout=1.5 if how == "timeout" else 60)
-except (Stopped, subprocess.TimeoutExpired) as error:
-    print(type(error).__name__, flush=True)
+
+def stop_once_started():  # the stop once the helper and its child are up (no fixed sleep)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with open("pids.txt") as pids:
+            if len(pids.read().split()) == 2:
+                break
+        time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+with open("pids.txt", "w") as out:
+    if how == "stop":
+        threading.Thread(target=stop_once_started, daemon=True).start()
+    try:
+        offspring.run(argv, stdout=out, timeout=5 if how == "timeout" else 60)
+    except (Stopped, subprocess.TimeoutExpired) as error:
+        print(type(error).__name__, flush=True)
 """
 
 
@@ -124,7 +133,7 @@ def test_a_helper_cut_by_a_stop_or_its_timeout_is_ended_with_its_own_children(tm
     assert result.stdout.strip() == {"stop": "Stopped", "timeout": "TimeoutExpired"}[how]
     pids = [int(pid) for pid in (tmp_path / "pids.txt").read_text().split()]
     assert len(pids) == 2
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 30
     while any(map(alive, pids)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not [pid for pid in pids if alive(pid)]

@@ -80,7 +80,7 @@ def test_watchdog_reports_from_the_store_and_exits(capsys, monkeypatch):
     progress = Progress(rank=0, local_rank=0, host="algo-1", deadline=0.2)
     progress.store, progress.world, progress.stage = store, 2, "join"
     codes = []
-    progress.watch(exit=codes.append).join(timeout=5)
+    progress.watch(exit=codes.append).join(timeout=60)
     assert codes == [3]  # a peer never joined (README exit codes)
     err = capsys.readouterr().err
     assert "Traceback (most recent call last):" in err  # the worker parses it as the exception
@@ -99,7 +99,7 @@ def test_watchdog_gives_ranks_that_joined_a_grace_period(monkeypatch):
     fired = []
     joined.watch(exit=lambda code: fired.append("joined"))
     thread = behind.watch(exit=lambda code: fired.append("behind"))
-    thread.join(timeout=5)
+    thread.join(timeout=60)
     assert fired == ["behind"]  # the stuck rank reports first
     joined.stage = "done"  # lets the first watchdog end
 
@@ -107,7 +107,7 @@ def test_watchdog_gives_ranks_that_joined_a_grace_period(monkeypatch):
 def test_watchdog_without_a_store_says_so(capsys):
     progress = Progress(rank=2, local_rank=0, host="algo-2", deadline=0.1)
     codes = []
-    progress.watch(exit=codes.append).join(timeout=5)
+    progress.watch(exit=codes.append).join(timeout=60)
     assert "rank 2 (local 0) did not reach the job's store" in capsys.readouterr().err
 
 

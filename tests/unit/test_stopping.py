@@ -39,8 +39,8 @@ def test_a_stop_ends_the_monitor_s_wait_at_once(stop):
     stop.raising = False
     threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
     started = time.monotonic()
-    stop.wait(10)
-    assert time.monotonic() - started < 5 and stop.signal == "SIGINT"
+    stop.wait(60)
+    assert time.monotonic() - started < 30 and stop.signal == "SIGINT"  # not the 60 s
 
 
 def test_signals_arriving_inside_every_wait_never_deadlock(stop):
@@ -56,16 +56,16 @@ def test_signals_arriving_inside_every_wait_never_deadlock(stop):
 
     sender = threading.Thread(target=fire)
     sender.start()
-    try:
+    try:  # counted waits, not a window a busy machine can spend elsewhere
         waits = 0
-        deadline = time.monotonic() + 2.0
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + 60
+        while waits < 200 and time.monotonic() < deadline:
             stop.wait(0.005)
             waits += 1
     finally:
         done.set()
         sender.join()
-    assert waits > 50 and stop.signal == "SIGTERM"
+    assert waits == 200 and stop.signal == "SIGTERM"
 
 
 def test_a_child_exit_ends_the_wait(stop):
@@ -73,9 +73,9 @@ def test_a_child_exit_ends_the_wait(stop):
     with stop.wakes_on_child_exit():
         child = subprocess.Popen(["sleep", "0.2"])
         started = time.monotonic()
-        stop.wait(10)
+        stop.wait(60)
         child.wait()
-    assert time.monotonic() - started < 5 and stop.signal is None
+    assert time.monotonic() - started < 30 and stop.signal is None  # not the 60 s
 
 
 def test_a_stop_after_the_workers_finished_only_says_so(stop, capfd):
