@@ -102,9 +102,17 @@ def test_a_rank_that_exits_with_an_error_is_the_first_failure_though_its_exit_ou
     ("Connection closed by peer") and their records come first, and the launcher stops the
     host, this rank in its exit too. The failure began when its exit did (the wrapper reads
     when the teardown began), and its exit status stays its own."""
+    # rank 1's exit lasts until rank 0's failure is recorded (its record: its traceback read),
+    # then 0.5 s for the launcher to stop the host meanwhile: a fixed 2 s lost the order when
+    # rank 0 was stalled (rank 1 exited first, rank 0 was stopped before its traceback). That
+    # wait runs inside rank 1's teardown, so its bound (10 s by default) is raised past the
+    # probe's own 30-s cap: a loaded machine's slow peer is no teardown that never returns
+    record = RunDir.of(tmp_path / "algo-1" / "ml").record(0)  # make_tree's folder
+    more = {"only-rank": "1", "after-peer": str(record), "after-teardown": "0.5"}
     tree, done, _, _ = _job(
-        tmp_path, newest_python, "exit3", 2, {"only-rank": "1", "after-teardown": "2"}
+        tmp_path, newest_python, "exit3", 2, more, CONTAINER_ENTRY_GROUP_TEARDOWN_TIMEOUT="60"
     )
+    assert RunDir.of(tree.base).record(0) == record
     output = done.stdout + done.stderr
     assert done.returncode == 3, output[-3000:]
     failure = (tree.output / "failure").read_text()

@@ -10,11 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from container_entry.hosts import SETTLE_SECONDS
 from tests.conftest import EXIT_BOUND
 from tests.integration.conftest import (
     REPO,
@@ -85,6 +87,37 @@ def wait_for(predicate, timeout=60.0):
             return True
         time.sleep(0.1)
     return False
+
+
+class Drained:
+    """A process's stderr read as it comes (its stdout read and dropped), so that a test can
+    wait for a line while the process runs."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.process = process
+        self.lines: list[str] = []
+        self.readers = [
+            threading.Thread(target=self._read, args=(process.stdout, None), daemon=True),
+            threading.Thread(target=self._read, args=(process.stderr, self.lines), daemon=True),
+        ]
+        for reader in self.readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream, keep: list[str] | None) -> None:
+        for line in stream:
+            if keep is not None:
+                keep.append(line)
+
+    def said(self, text: str) -> bool:
+        return any(text in line for line in list(self.lines))
+
+    def finish(self, timeout: float) -> tuple[int, str]:
+        """(exit status, stderr), as `finish` gives them."""
+        self.process.wait(timeout=timeout)
+        for reader in self.readers:
+            reader.join(timeout=10)
+        return self.process.returncode, "".join(self.lines)
 
 
 @pytest.mark.parametrize(
@@ -185,7 +218,9 @@ def test_sigterm_reaches_every_rank_fast_and_a_slow_checkpoint_is_written(tmp_pa
     assert (tree.base / "checkpoints" / "older.bin").read_bytes() == b"keep"
     line = first_line(tree)
     assert line.startswith("job stopped by SIGTERM on algo-1"), line
-    assert re.search(r"all 2 local ranks exited within 3[5-9]\.\d s$", line), line
+    # from the checkpoint's end to the ranks' exit: EXIT_BOUND on a loaded machine, as below
+    within = re.search(r"all 2 local ranks exited within (\d+\.\d) s$", line)
+    assert within and SLOW_CHECKPOINT <= float(within[1]) < SLOW_CHECKPOINT + EXIT_BOUND, line
     assert not any(alive(pid) for pid in worker_pids(tree))
     print(f"SIGTERM -> ranks signalled: {max(latencies) * 1000:.0f} ms")
 
@@ -278,11 +313,11 @@ def test_a_stop_while_the_ranks_exit_after_their_scripts_ended_is_a_success(
     tmp_path, request, count
 ):
     """Every script has ended and the ranks are in their exit (the scripts' own exit handlers
-    take 3 s, as flushing a tracker does) when every host is stopped (StopTrainingJob, or SDK
-    local mode stopping the other containers once one exited): the stop changes nothing of
-    theirs (each exits 0, its own status), so every host exits 0 with a success file. Before:
-    143 (`all 2 local ranks exited within ...`), or the script's SIGTERM handler's own 143
-    after its end."""
+    take a while, as flushing a tracker does: here until the stop has come) when every host is
+    stopped (StopTrainingJob, or SDK local mode stopping the other containers once one
+    exited): the stop changes nothing of theirs (each exits 0, its own status), so every host
+    exits 0 with a success file. Before: 143 (`all 2 local ranks exited within ...`), or the
+    script's SIGTERM handler's own 143 after its end."""
     hosts = ("algo-1", "algo-2")[:count]
     wrap = None
     if count > 1:
@@ -292,20 +327,31 @@ def test_a_stop_while_the_ranks_exit_after_their_scripts_ended_is_a_success(
             return with_hosts_file(argv, hosts_file)
 
     trees = [make_tree(tmp_path, script=FAULT, current_host=h, hosts=hosts) for h in hosts]
-    hps = {"steps": "2", "step-seconds": "0.1", "exit-seconds": "3"}
+    # each rank's exit handler is held until the test lets it end (a fixed 3 s let a rank that
+    # printed first end before the stop came when another was stalled for seconds)
+    release = tmp_path / "exits-may-end"
+    hps = {"steps": "2", "step-seconds": "0.1", "exit-until-file": json.dumps(str(release))}
     port = str(job_port())
     processes = [start(t, hps, argv_wrap=wrap, CONTAINER_ENTRY_MASTER_PORT=port) for t in trees]
+    drained = [Drained(process) for process in processes]
     logs = [t.output / "data" / "container-entry" / "logs" for t in trees]
 
     def exiting() -> int:
         return sum("exiting rank" in p.read_text() for d in logs for p in d.glob("rank-*.log"))
 
-    assert wait_for(lambda: exiting() == 2 * count, timeout=120)
-    sent = time.time()
-    for process in processes:
-        process.send_signal(signal.SIGTERM)
-    for process, tree, folder in zip(processes, trees, logs, strict=True):
-        returncode, _, err = finish(process, timeout=60)
+    try:
+        assert wait_for(lambda: exiting() == 2 * count, timeout=120)
+        sent = time.time()
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        # the exits end once every bootstrap is signalling its ranks (it says so just before),
+        # and a moment for the signals: the stop reaches ranks that are still in their exit
+        wait_for(lambda: all(d.said("stopping every rank") for d in drained), timeout=30)
+        time.sleep(1.0)
+    finally:
+        release.touch()
+    for tree, folder, process in zip(trees, logs, drained, strict=True):
+        returncode, err = process.finish(timeout=60)
         assert returncode == 0, err[-3000:]
         assert (tree.output / "success").exists() and not (tree.output / "failure").exists()
         records = [json.loads(p.read_text()) for p in folder.parent.glob("rank-*.json")]
@@ -371,7 +417,9 @@ def test_rank_sleeping_through_sigterm_is_killed_after_the_grace_period(tmp_path
     returncode, _, err = finish(process, timeout=60)
     took = time.monotonic() - sent
     assert returncode == 143, err[-3000:]
-    assert 3.0 <= took < 15.0, took
+    # the grace, then the kill and the exits (EXIT_BOUND on a loaded machine); far below the
+    # default grace (100 s) or a rank never killed
+    assert 3.0 <= took < 3.0 + EXIT_BOUND, took
     assert not any(alive(pid) for pid in worker_pids(tree))
     line = first_line(tree)
     assert line.endswith("ranks 0, 1 still running after the 3 s grace period were killed"), line
@@ -515,7 +563,10 @@ def test_failure_on_one_host_ends_every_host_fast(tmp_path, hosts_file):
         assert returncode == 1, err[-3000:]
         line = first_line(tree)
         assert "rank 3 (local 1) on algo-2: exit code 1: ValueError: planted failure" in line
-    assert ended - failed_at < 15, ended - failed_at
+    # at most the master's settling wait for the first failure, then the bootstraps' exits
+    # (EXIT_BOUND on a loaded machine: a bound equal to the wait alone failed there); far
+    # below gloo's 30 min timeout or a stop's grace (100 s)
+    assert ended - failed_at < SETTLE_SECONDS + EXIT_BOUND, ended - failed_at
     healthy = (trees[0].output / "failure").read_text()
     for rank in (0, 1):  # stacks taken before the teardown, of each rank still running then
         own = rf"rank {rank} \(local {rank}\) on algo-1: exit code 1: RuntimeError: .* by peer"

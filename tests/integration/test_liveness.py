@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 
 from container_entry.hosts import LIVENESS_TIMEOUT
+from tests.conftest import EXIT_BOUND
 from tests.integration.conftest import (
     REPO,
     MlTree,
@@ -46,8 +47,6 @@ GRACE = 3.0  # CONTAINER_ENTRY_FAILURE_GRACE_PERIOD in these tests
 NOTICED_WITHIN = 6.0
 EXITED_WITHIN = NOTICED_WITHIN + GRACE + 6.0
 TRAINING = {"steps": "100000", "step-seconds": "0.2"}
-# a rank's exit after its SIGTERM handler returned (gloo's teardown with a peer gone included)
-STOP_EXIT_BOUND = 8.0
 
 
 @pytest.fixture
@@ -212,8 +211,8 @@ def test_a_host_whose_bootstrap_dies_or_freezes_is_named_within_the_bound(
     leftovers = dead.descendants()  # a killed bootstrap's torchrun and workers live on
     try:
         with cpu_hog():
-            faulted = time.time()
             os.kill(dead.process.pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+            faulted = time.time()  # after the call: a stall before it is not the product's
             ended = exited_at(survivor, EXITED_WITHIN + 10)
         noticed = survivor.when("another host failed") or survivor.when("stopping this host")
         took = (noticed or ended) - faulted
@@ -224,7 +223,10 @@ def test_a_host_whose_bootstrap_dies_or_freezes_is_named_within_the_bound(
         assert survivor.process.returncode != 0, survivor.stderr()
         assert survivor.first_line().startswith(expected), survivor.first_line()
         assert noticed is not None, survivor.stderr()
-        bound = 2.0 if fault == "kill" else NOTICED_WITHIN
+        # a closed connection is noticed at once (0.0-0.1 s idle); 4 s leaves room for this
+        # test's own CPU hog and is still under the liveness timeout (5 s), so only the closed
+        # connection, not the silence, can have told it (its words are asserted above)
+        bound = 4.0 if fault == "kill" else NOTICED_WITHIN
         assert noticed - faulted <= bound, (noticed - faulted, survivor.stderr())
         assert ended - faulted <= EXITED_WITHIN, ended - faulted
         if fault == "freeze":  # thawed, the frozen host finds itself alone and stops too
@@ -252,20 +254,51 @@ def cpu_hog() -> Iterator[None]:
             process.wait()
 
 
-def freeze(host: Host) -> list[int]:
-    """Every process of the host stopped, as `docker pause` stops a container's: the
-    bootstrap, torchrun and the ranks. Their pids, for `thaw`."""
+FROZEN_FOR = 3.0
+# a round tests what it means to when the bootstrap (whose heartbeats are the ones that count)
+# was stopped no longer than this: with up to a beat's interval (1 s) since its last heartbeat,
+# its silence stays under the liveness timeout (5 s). A longer one (this test stalled on a busy
+# machine between the SIGSTOP and the SIGCONT) is done again, FREEZE_TRIES such rounds at most
+FROZEN_AT_MOST = 3.5
+FREEZE_TRIES = 3
+
+
+def freeze_for(host: Host, seconds: float) -> float:
+    """Every process of the host stopped for `seconds`, as `docker pause` stops a container's
+    (the bootstrap, torchrun and the ranks), then resumed, the bootstrap first: for how long its
+    bootstrap was stopped at most (from before its SIGSTOP to after its SIGCONT)."""
     pids = [host.process.pid, *host.descendants()]
+    stopped = time.monotonic()
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGSTOP)
-    return pids
-
-
-def thaw(pids: list[int]) -> None:
-    for pid in reversed(pids):
+    time.sleep(max(0.0, stopped + seconds - time.monotonic()))
+    resumed = 0.0
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
+        resumed = resumed or time.monotonic()
+    return resumed - stopped
+
+
+def freeze_each_in_turn(hosts: list[Host], rounds: list[float]) -> bool:
+    """Each host frozen for FROZEN_FOR s in turn, every host still there after it; False when a
+    round that ran too long (it does not count) lost the job. `rounds`: every round's span,
+    FREEZE_TRIES too long ones in all at most."""
+    for frozen in hosts:
+        while True:
+            rounds.append(freeze_for(frozen, FROZEN_FOR))
+            time.sleep(2.0)  # the watchers' first looks after it, still with every CPU busy
+            alive = [h.name for h in hosts if h.process.poll() is None]
+            if rounds[-1] <= FROZEN_AT_MOST:
+                assert alive == list(HOSTS), (frozen.name, rounds, [h.stderr() for h in hosts])
+                break
+            print(f"{frozen.name} frozen {rounds[-1]:.2f} s, beyond {FROZEN_AT_MOST} s: again")
+            if sum(span > FROZEN_AT_MOST for span in rounds) >= FREEZE_TRIES:
+                pytest.fail(f"no freeze within {FROZEN_AT_MOST} s on this machine: {rounds}")
+            if alive != list(HOSTS):
+                return False
+    return True
 
 
 def test_a_host_frozen_for_3_s_and_resumed_is_not_lost(tmp_path, root_and_unshare):
@@ -273,28 +306,30 @@ def test_a_host_frozen_for_3_s_and_resumed_is_not_lost(tmp_path, root_and_unshar
     CPU busy meanwhile, then resumed: no host is declared lost, either way round (the master,
     then the worker host, in one job), and both finish with exit 0 (each watcher counts
     silence on its own clock: the frozen one does not take its own 3 s for its peer's)."""
-    hosts_file = hosts_file_for(tmp_path, {"algo-1": "127.0.0.1", "algo-2": "127.0.0.1"})
-    port = job_port()
-    until = tmp_path / "enough"
-    hps = {"steps": "100000", "step-seconds": "0.2", "until-file": json.dumps(str(until))}
-    hosts = start_training(tmp_path, hosts_file, port, hps=hps)
-    try:
-        with cpu_hog():
-            for frozen in hosts:
-                pids = freeze(frozen)
-                time.sleep(3.0)
-                thaw(pids)
-                time.sleep(2.0)  # the watchers' first looks after it, still with every CPU busy
-                alive = [h.name for h in hosts if h.process.poll() is None]
-                assert alive == list(HOSTS), (frozen.name, [h.stderr() for h in hosts])
-        until.touch()  # enough: every rank ends after the same step
-        for host in hosts:
-            exited_at(host, 120)
-            assert host.process.returncode == 0, host.stderr()
-            assert (host.tree.output / "success").exists()
-            assert "stopped answering" not in host.stderr() and "lost contact" not in host.stderr()
-    finally:
-        kill_everything(hosts, [])
+    rounds: list[float] = []
+    for job in range(FREEZE_TRIES):  # a new job only where a round that ran too long lost one
+        folder = tmp_path / f"job-{job}"
+        folder.mkdir()
+        hosts_file = hosts_file_for(folder, {"algo-1": "127.0.0.1", "algo-2": "127.0.0.1"})
+        until = folder / "enough"
+        hps = {"steps": "100000", "step-seconds": "0.2", "until-file": json.dumps(str(until))}
+        hosts = start_training(folder, hosts_file, job_port(), hps=hps)
+        try:
+            with cpu_hog():
+                if not freeze_each_in_turn(hosts, rounds):
+                    continue
+            print(f"bootstraps frozen for {', '.join(f'{span:.2f}' for span in rounds)} s")
+            until.touch()  # enough: every rank ends after the same step
+            for host in hosts:
+                exited_at(host, 120)
+                assert host.process.returncode == 0, host.stderr()
+                assert (host.tree.output / "success").exists()
+                stderr = host.stderr()
+                assert "stopped answering" not in stderr and "lost contact" not in stderr
+            return
+        finally:
+            kill_everything(hosts, [])
+    pytest.fail(f"no freeze within {FROZEN_AT_MOST} s on this machine: {rounds}")
 
 
 @pytest.fixture
@@ -351,8 +386,8 @@ def test_a_host_cut_off_the_network_is_named_within_the_bound(tmp_path, two_netw
         if not wait_for(lambda: all(h.ranks_started() for h in hosts), 120):
             pytest.fail("the job did not start:\n" + "\n".join(h.stderr() for h in hosts))
         time.sleep(1.0)
-        cut_at = time.time()
         cut()
+        cut_at = time.time()  # after `ip` returned: its start under load is not the product's
         master, member = hosts
         for host in hosts:
             ended = exited_at(host, EXITED_WITHIN + 10)
@@ -513,13 +548,25 @@ def test_a_stop_of_one_host_gives_every_host_s_ranks_the_stop_and_its_grace(
 ):
     """One host stopped alone (the master, whose torchrun hosts the job's store, or the
     other): its word reaches the other host before its ranks go, and that host's ranks get the
-    same SIGTERM and grace, so every rank of the job writes its checkpoint (2 s each, its
-    handler running while its collective is waited for, as NCCL's is). Both exit 143; the
-    other host's first line names the stopped host, then how its own ranks ended."""
+    same SIGTERM and grace, so every rank of the job writes its checkpoint (2 s each, once
+    every rank has its SIGTERM, its handler running while its collective is waited for, as
+    NCCL's is). Both exit 143; the other host's first line names the stopped host, then how its
+    own ranks ended."""
     hosts_file = hosts_file_for(tmp_path, dict.fromkeys(HOSTS, "127.0.0.1"))
     # poll-store: every rank polls the job's store (the master's torchrun) until its process
-    # exits, as NCCL's heartbeat thread does, so the store must outlive every host's ranks
-    hps = {**TRAINING, "checkpoint-on-term": "true", "term-work-seconds": "2", "poll-store": "true"}
+    # exits, as NCCL's heartbeat thread does, so the store must outlive every host's ranks.
+    # term-barrier-dir: each rank's 2 s checkpoint starts once every rank of the job has its
+    # SIGTERM (a stopped host's ranks that ended before the other host's had theirs made those
+    # raise in their pending all_reduce when one host was stalled for seconds); a stop that
+    # never reaches the other host still fails here (its ranks' all_reduce raises)
+    work = 2.0
+    hps = {
+        **TRAINING,
+        "checkpoint-on-term": "true",
+        "term-work-seconds": str(work),
+        "poll-store": "true",
+        "term-barrier-dir": json.dumps(str(tmp_path / "terms")),
+    }
     hosts = start_training(tmp_path, hosts_file, job_port(), hps=hps)
     stopped = next(h for h in hosts if h.name == victim)
     other = next(h for h in hosts if h.name != victim)
@@ -539,7 +586,9 @@ def test_a_stop_of_one_host_gives_every_host_s_ranks_the_stop_and_its_grace(
         print(f"{victim} stopped: {stopped.first_line()!r}; {other.name}: {line!r}")
         assert line.startswith(f"job stopped by SIGTERM on {victim} ("), line
         within = re.search(rf"; on {other.name}: all 2 local ranks exited within (\S+) s$", line)
-        assert within and 2.0 <= float(within[1]) < 2.0 + STOP_EXIT_BOUND, line
+        # the checkpoint, then the exits (EXIT_BOUND on a loaded machine, as the other stop
+        # tests allow): far below the grace (100 s) that a rank held alive would wait out
+        assert within and work <= float(within[1]) < work + EXIT_BOUND, line
         assert "Traceback" not in stopped.stderr() + other.stderr()
     finally:
         kill_everything(hosts, [])

@@ -64,6 +64,8 @@ try:
     view = memoryview(payload)
     while sent < len(view):
         sent += sock.send(view[sent : sent + (1 << 20)])
+except TimeoutError:
+    pass  # the master stopped reading but kept the connection: not cut off
 except OSError:
     cut = True
 if not cut:
@@ -138,7 +140,9 @@ def test_no_stranger_on_the_side_channel_can_touch_a_running_job(tmp_path, hosts
         assert what["cut"], (attack, what)  # the master closed the stranger's connection
         if attack == "100 MB line":  # cut off after its line limit, not after reading 100 MB
             assert "(a line over 64 KiB)" in refused[0]
-            assert what["sent"] < 100 << 20 and what["seconds"] < 5, what
+            # cut (not a 10-s send timeout: that is no cut) before the 100 MB went; the
+            # seconds far from a busy machine's stall
+            assert what["sent"] < 100 << 20 and what["seconds"] < 30, what
         print(f"{attack}: {refused[0]} (the stranger sent {what['sent']:,} bytes)")
 
 

@@ -2,7 +2,8 @@
 what the exit teardown did (tests/integration/test_exit_teardown.py).
 
     exit_probe.py --how HOW --out OUT [--death-dump PATH] [--only-rank R]
-                  [--after-teardown SECONDS]          (hyperparameters, as SageMaker passes them)
+                  [--after-teardown SECONDS] [--after-peer PATH]
+                                                      (hyperparameters, as SageMaker passes them)
 
 HOW (or HOW,HOW,...: rank r ends as the r-th, in turn): `return` (falls off the end),
 `exit0`, `exit3` (sys.exit), `raise` (an uncaught exception), `stuck` (the teardown never
@@ -16,6 +17,9 @@ still there, whether the death dump existed by then.
 breaks them (gloo: "Connection closed by peer"), as a DDP job's other ranks do.
 --after-teardown S: the exit takes S seconds more once the groups are gone (a slow
 finalization: its sockets are closed, its process is not gone).
+--after-peer PATH: ... and before those S seconds, waits (30 s at most) until PATH exists, e.g.
+a peer's rank record: that peer's failure is recorded while this exit still runs, however long
+a loaded machine takes to get there (the test waits for the event, not a fixed time).
 """
 
 import argparse
@@ -35,6 +39,7 @@ parser.add_argument("--out", type=Path, required=True)
 parser.add_argument("--death-dump", type=Path, default=None)
 parser.add_argument("--only-rank", type=int, default=None)
 parser.add_argument("--after-teardown", type=float, default=0.0)
+parser.add_argument("--after-peer", type=Path, default=None)
 given = parser.parse_args()
 out, death_dump = given.out, given.death_dump
 rank = int(os.environ["RANK"])
@@ -60,6 +65,9 @@ def recording_destroy(*args, **kwargs):
     call["initialized_after"] = dist.is_initialized()
     path.write_text(json.dumps(call))
     if not bystander:
+        deadline = time.monotonic() + 30
+        while given.after_peer and not given.after_peer.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
         time.sleep(given.after_teardown)
 
 

@@ -15,6 +15,13 @@ is with NCCL (it runs on the GPU's stream; Python goes on): the SIGTERM handler 
 gloo all_reduce waited for in C++ holds the handler until the collective ends, and a peer
 already in its own 35 s handler never joins it: the handlers ran one host after the other and
 the last rank's checkpoint outlasted the grace period.
+
+Orderings a test waits for rather than times (a loaded machine stalls any process for seconds):
+--exit-until-file holds the exit handler (as --exit-seconds would) until the file exists (30 s
+at most), so a rank is still in its exit when the test's stop comes; --term-barrier-dir has
+each rank mark its SIGTERM there (rank-N) and its checkpoint wait until every rank of the job
+has (10 s at most) before its --term-work-seconds, so no rank closes its connections while a
+peer that has not had the stop yet still waits in a collective.
 """
 
 import argparse
@@ -44,6 +51,8 @@ parser.add_argument("--poll-store", action="store_true")
 parser.add_argument("--linger-host", default="")  # this host's ranks work on after training
 parser.add_argument("--linger-seconds", type=float, default=0.0)
 parser.add_argument("--exit-seconds", type=float, default=0.0)  # the script's own exit handler
+parser.add_argument("--exit-until-file", default="")  # ... held until this file exists
+parser.add_argument("--term-barrier-dir", default="")  # every rank's SIGTERM, before checkpoints
 # training ends after the step in which any rank saw this file (the step's all_reduce carries it,
 # so every rank ends at the same step): a test ends a job when it has done what it came to do
 parser.add_argument("--until-file", default="")
@@ -77,10 +86,24 @@ def leave(code: int) -> None:
     sys.exit(code)
 
 
+def wait_for_file(*paths: str, cap: float) -> None:
+    deadline = time.monotonic() + cap
+    while time.monotonic() < deadline and not all(os.path.exists(p) for p in paths):
+        time.sleep(0.05)
+
+
 def on_term(signum, _frame):
     with open(os.path.join(out, f"term-rank-{rank}.txt"), "w") as handle:
         handle.write(repr(time.time()))
+    barrier = args.term_barrier_dir
+    if barrier:
+        os.makedirs(barrier, exist_ok=True)
+        with open(os.path.join(barrier, f"rank-{rank}"), "w"):
+            pass
     if args.checkpoint_on_term:
+        if barrier:  # every rank has the stop before any rank can end
+            markers = [os.path.join(barrier, f"rank-{r}") for r in range(dist.get_world_size())]
+            wait_for_file(*markers, cap=10.0)
         time.sleep(args.term_work_seconds)  # serialising a large model to slow storage
         os.makedirs(checkpoints, exist_ok=True)
         path = os.path.join(checkpoints, f"checkpoint-rank-{rank}.json")
@@ -95,11 +118,15 @@ def on_term(signum, _frame):
 
 
 signal.signal(signal.SIGTERM, on_term)
-if args.exit_seconds:  # a slow exit (flushing a logger, closing a tracker): after the script
+# a slow exit (flushing a logger, closing a tracker): after the script
+if args.exit_seconds or args.exit_until_file:
 
     def slow_exit() -> None:
         print(f"exiting rank {rank}", flush=True)
-        time.sleep(args.exit_seconds)
+        if args.exit_until_file:  # until the test has done what it came to do
+            wait_for_file(args.exit_until_file, cap=30.0)
+        else:
+            time.sleep(args.exit_seconds)
 
     atexit.register(slow_exit)
 sleeping_through = False

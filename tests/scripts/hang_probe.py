@@ -61,10 +61,7 @@ parser.add_argument("--pg-timeout", type=float, default=None, help="collectives 
 parser.add_argument("--abort-when-a-peer-dies", type=int, default=0)
 args = parser.parse_args()
 
-if args.pg_timeout:
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.pg_timeout))
-else:
-    dist.init_process_group("gloo")
+dist.init_process_group("gloo")
 rank = dist.get_rank()
 
 
@@ -92,6 +89,11 @@ if args.abort_when_a_peer_dies:
     abort_when_a_peer_dies()
 print(f"rank {rank} ready", flush=True)
 dist.barrier()
+if args.pg_timeout:
+    # the collectives' timeout from here on: given to init_process_group, it bounded the
+    # rendezvous and the barrier above too, where ranks whose imports of torch raced on a busy
+    # machine may arrive seconds apart
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=args.pg_timeout))
 if reporter is not None:  # past the start-up: the silence under test is the script's own
     report_progress()
     reporter.kill()
