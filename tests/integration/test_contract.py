@@ -25,6 +25,7 @@ from tests.integration.conftest import (
     make_tree,
     run,
 )
+from tests.integration.test_faults import ranks_started, wait_for
 
 ARGV_PROBE = REPO / "tests" / "scripts" / "argv_probe.py"
 FAULT = REPO / "tests" / "scripts" / "fault_probe.py"
@@ -274,21 +275,6 @@ def test_an_unexpected_exception_is_one_line_a_failure_file_and_exit_70(tmp_path
 
 
 TRAINING = "training"  # a stop once every rank started, not at a fixed moment
-
-
-def ranks_started(tree, count: int = 2) -> bool:
-    """Every rank printed its first line (fault_probe.py: its SIGTERM handler is installed)."""
-    logs = (tree.output / "data" / "container-entry" / "logs").glob("rank-*.log")
-    return sum("started rank" in path.read_text() for path in logs) == count
-
-
-def wait_for(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def handles_sigterm(pid: int, timeout: float = 10.0) -> bool:
