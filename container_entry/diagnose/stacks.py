@@ -19,7 +19,11 @@ from container_entry.common.layout import CONTROL_ROOT, ControlDir, RunDir
 from container_entry.common.records import Command
 from container_entry.common.workers import Workers
 
-WAIT_SECONDS = 3.0
+# A rank writes its stacks the moment it is scheduled (faulthandler's handler is C, and runs in
+# native code too): a rank on a CPU its DataLoader workers saturate can take seconds to be;
+# one that never answers is stopped or stuck in the kernel. The wait ends once all answered.
+WAIT_SECONDS = 10.0
+SETTLED_SECONDS = 0.2  # a stack file that stopped growing this long is a whole dump
 
 
 def _alive(pid: int) -> bool:
@@ -69,16 +73,23 @@ def _print_launch(found: Workers, run_dir: RunDir) -> None:
         )
     deadline = time.monotonic() + WAIT_SECONDS
     pending = {rank: before[rank] for rank, yes in asked.items() if yes and rank in before}
+    growing: dict[int, tuple[int, float]] = {}  # rank: (size seen, since when)
     while pending and time.monotonic() < deadline:
         time.sleep(0.05)
         for rank, (path, size) in list(pending.items()):
-            if path.exists() and path.stat().st_size > size:
-                time.sleep(0.1)  # let faulthandler finish writing every thread
-                text = path.read_bytes()[size:].decode("utf-8", "replace")
+            now = path.stat().st_size if path.exists() else size
+            if now <= size:
+                continue
+            seen, since = growing.get(rank, (-1, 0.0))
+            if now != seen:  # still being written (a handler the scheduler paused mid-dump)
+                growing[rank] = (now, time.monotonic())
+                continue
+            if time.monotonic() - since >= SETTLED_SECONDS:
+                text = path.read_bytes()[size:now].decode("utf-8", "replace")
                 host = workers[rank].host or "?"
                 for line in text.rstrip("\n").splitlines():
                     print(f"[{host} rank {rank}] {line}")
                 print(f"[{host} rank {rank}] (also in {path})", flush=True)
                 del pending[rank]
     for rank in sorted(pending):
-        print(f"rank {rank}: no stacks within {WAIT_SECONDS:g} s (busy in native code?)")
+        print(f"rank {rank}: no stacks within {WAIT_SECONDS:g} s (stopped, or stuck in the kernel)")

@@ -153,8 +153,9 @@ def test_bad_input_in_plan_is_one_line_too(tmp_path, breakage, code, message):
 
 
 def test_failing_worker_exits_with_its_code_and_writes_a_failure_file(tmp_path):
+    """One rank: the check is the job's exit and its failure file, of any failing rank."""
     tree = make_tree(tmp_path, hyperparameters={"exit-code": "3"})
-    env = bootstrap_env(tree, SAGEMAKER_PROGRAM="ddp_probe.py", PET_NPROC_PER_NODE="2")
+    env = bootstrap_env(tree, SAGEMAKER_PROGRAM="ddp_probe.py", PET_NPROC_PER_NODE="1")
     result = run(bootstrap_argv(), env, timeout=120)
     assert result.returncode != 0
     failure = (tree.output / "failure").read_text()

@@ -61,6 +61,7 @@ AWS = {
 
 
 def test_sourcedir_tar_gz_from_s3(tmp_path, s3_endpoint):
+    """The host downloads the code once, before torchrun: one rank runs it (one torch)."""
     import boto3
 
     client = boto3.client(
@@ -87,12 +88,12 @@ def test_sourcedir_tar_gz_from_s3(tmp_path, s3_endpoint):
             "epochs": "1",
         },
     )
-    env = bootstrap_env(tree, AWS_ENDPOINT_URL=s3_endpoint, PET_NPROC_PER_NODE="2", **AWS)
+    env = bootstrap_env(tree, AWS_ENDPOINT_URL=s3_endpoint, PET_NPROC_PER_NODE="1", **AWS)
     result = run(bootstrap_argv(), env, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (tree.base / "code" / "helper.txt").read_text() == "from s3"
     summaries = tree.summaries("probe-rank-*.json")
-    assert [s["world_size"] for s in summaries] == [2, 2]
+    assert [s["world_size"] for s in summaries] == [1]
     assert summaries[0]["argv"] == ["--epochs", "1"]
     assert "testing" not in result.stderr  # the credentials are never printed
 

@@ -1,6 +1,8 @@
 """The hang watchdog (HANG_TIMEOUT) on real torchrun workers: one host, and two hosts on one
 machine (each bootstrap in its own mount namespace resolving algo-1/algo-2), with the rank
-that hangs on the other host than the master."""
+that hangs on the other host than the master. Two local ranks per host where a test looks at
+several ranks of one host (a culprit and the ranks waiting for it, a count or range of them);
+one where it is about the hosts or the job's output alone (each rank is a torch import)."""
 
 from __future__ import annotations
 
@@ -83,8 +85,11 @@ def test_a_hung_rank_ends_the_job_naming_where_each_rank_was(tmp_path, mode, stu
     ids=["prints-slowly", "reports-progress-silently"],
 )
 def test_a_slow_but_steady_job_is_never_declared_hung(tmp_path, hps):
+    """A line or a progress report every third of HANG_TIMEOUT for twice HANG_TIMEOUT: no
+    hang. One rank: a host's life is its newest rank log or progress file, whichever rank
+    wrote it (diagnose.hang.Activity)."""
     tree = make_tree(tmp_path, script=None)
-    returncode, _, err = finish(_start(tree, hps), timeout=120)
+    returncode, _, err = finish(_start(tree, hps, ranks=1), timeout=120)
     assert returncode == 0, err[-3000:]
     assert (tree.output / "success").exists()
 
@@ -93,7 +98,7 @@ def _start_hosts(tree, hps, **env):
     return _start(tree, hps, timeout=HOSTS_TIMEOUT, **env)
 
 
-def _two_hosts(tmp_path, hosts_file, hps, starter=None):
+def _two_hosts(tmp_path, hosts_file, hps, starter=None, ranks=2):
     hosts = ("algo-1", "algo-2")
     port = str(job_port())
     trees = [make_tree(tmp_path, script=None, current_host=h, hosts=hosts) for h in hosts]
@@ -103,6 +108,7 @@ def _two_hosts(tmp_path, hosts_file, hps, starter=None):
             hps,
             argv_wrap=lambda a: with_hosts_file(a, hosts_file),
             CONTAINER_ENTRY_MASTER_PORT=port,
+            ranks=ranks,
         )
         for t in trees
     ]
@@ -110,26 +116,30 @@ def _two_hosts(tmp_path, hosts_file, hps, starter=None):
 
 
 def test_a_rank_blocked_on_one_host_ends_every_host(tmp_path, hosts_file):
-    """Rank 3 (on algo-2) blocks forever without printing; ranks 0-2 wait in an all_reduce."""
-    trees, results = _two_hosts(tmp_path, hosts_file, {"mode": "collective", "rank": "3"})
+    """Rank 1 (on algo-2) blocks forever without printing; rank 0 (on algo-1, the master's
+    host) waits in an all_reduce. One rank per host: the check is of hosts (every host ends,
+    each names the rank on the other host), no count or range of ranks of one host."""
+    hps = {"mode": "collective", "rank": "1"}
+    trees, results = _two_hosts(tmp_path, hosts_file, hps, ranks=1)
     for (returncode, _, err), tree in zip(results, trees, strict=True):
         assert returncode == 124, err[-3000:]
         line = first_line(tree)
         assert line.startswith(
-            "hung: rank 3 on algo-2 never entered all_reduce #2 of the default group; "
+            "hung: rank 1 on algo-2 never entered all_reduce #2 of the default group; "
         ), line
         assert line.endswith(f"(no output from any rank on any host for {HOSTS_TIMEOUT} s)"), line
         assert not any(alive(pid) for pid in worker_pids(tree))
-    assert "rank 3 was at fault_probe.py:" in _failure(trees[1])
+    assert "rank 1 was at fault_probe.py:" in _failure(trees[1])
     assert "in quiet_forever" in _failure(trees[1])
     assert "rank 0 was at fault_probe.py:" in _failure(trees[0])
 
 
 def test_output_on_one_host_keeps_every_host_alive(tmp_path, hosts_file):
-    """algo-1's ranks are silent for longer than the timeout while rank 3 on algo-2 prints:
-    the job is not hung (no rank on any host is silent is the rule, not every host)."""
-    hps = {"mode": "one-talks", "rank": "3", "seconds": str(HOSTS_TIMEOUT * 2), "every": "1"}
-    trees, results = _two_hosts(tmp_path, hosts_file, hps)
+    """algo-1's rank is silent for longer than the timeout while rank 1 on algo-2 prints:
+    the job is not hung (no rank on any host is silent is the rule, not every host). One rank
+    per host: the silent host and the talking one are the whole check."""
+    hps = {"mode": "one-talks", "rank": "1", "seconds": str(HOSTS_TIMEOUT * 2), "every": "1"}
+    trees, results = _two_hosts(tmp_path, hosts_file, hps, ranks=1)
     for (returncode, _, err), tree in zip(results, trees, strict=True):
         assert returncode == 0, err[-3000:]
         assert (tree.output / "success").exists()

@@ -1,7 +1,8 @@
 """A host that dies, freezes or drops off the network is noticed, in real processes.
 
-Two real bootstraps on one machine, each with two real torchrun workers, resolving algo-1 and
-algo-2 through a private /etc/hosts (a mount namespace each; needs root). One host's bootstrap
+Two real bootstraps on one machine, each with one real torchrun worker (two where a test is about
+several ranks of one host: a stop's delivery to every local rank), resolving algo-1 and algo-2
+through a private /etc/hosts (a mount namespace each; needs root). One host's bootstrap
 is killed (SIGKILL), frozen (SIGSTOP) or cut off the network (each host in its own network
 namespace joined by a veth pair; the link goes down): the other must stop, naming it, within the
 bound docs/liveness.md states. Also: a torchrun failure with no rank record reaches the other
@@ -60,6 +61,7 @@ class Host:
     name: str
     tree: MlTree
     process: subprocess.Popen
+    local_ranks: int  # PET_NPROC_PER_NODE
     lines: list[tuple[float, str]] = field(default_factory=list)  # (time, stderr line)
 
     def drain(self) -> None:
@@ -81,9 +83,12 @@ class Host:
     def stderr(self) -> str:
         return "\n".join(line for _, line in self.lines)[-4000:]
 
-    def ranks_started(self, count: int = 2) -> bool:
+    def ranks_started(self, count: int | None = None) -> bool:
+        """True once `count` ranks (all this host's local ranks unless told) printed their
+        first line."""
         logs = (self.tree.output / "data/container-entry/logs").glob("rank-*.log")
-        return sum("started rank" in path.read_text() for path in logs) == count
+        started = sum("started rank" in path.read_text() for path in logs)
+        return started == (self.local_ranks if count is None else count)
 
     def descendants(self) -> list[int]:
         """Every process below this bootstrap (torchrun, its workers), read from /proc."""
@@ -116,7 +121,9 @@ def start_host(
         argv = ["ip", "netns", "exec", netns, *argv]
     settings = {
         "SAGEMAKER_PROGRAM": "fault_probe.py",
-        "PET_NPROC_PER_NODE": "2",
+        # one rank per host: these tests are about hosts (a test about several ranks of one
+        # host asks for more)
+        "PET_NPROC_PER_NODE": "1",
         "CONTAINER_ENTRY_PREFLIGHT": "false",
         "CONTAINER_ENTRY_FAILURE_GRACE_PERIOD": str(GRACE),
         **env,
@@ -129,7 +136,7 @@ def start_host(
         text=True,
         cwd="/",
     )
-    host = Host(name, tree, process)
+    host = Host(name, tree, process, int(settings["PET_NPROC_PER_NODE"]))
     host.drain()
     return host
 
@@ -567,7 +574,9 @@ def test_a_stop_of_one_host_gives_every_host_s_ranks_the_stop_and_its_grace(
         "poll-store": "true",
         "term-barrier-dir": json.dumps(str(tmp_path / "terms")),
     }
-    hosts = start_training(tmp_path, hosts_file, job_port(), hps=hps)
+    # two local ranks a host: the stop must reach every local rank of the other host ("all 2
+    # local ranks exited"), not just one
+    hosts = start_training(tmp_path, hosts_file, job_port(), hps=hps, PET_NPROC_PER_NODE="2")
     stopped = next(h for h in hosts if h.name == victim)
     other = next(h for h in hosts if h.name != victim)
     try:

@@ -1,6 +1,6 @@
 """Only the job's own hosts take part in the side channel, in real processes.
 
-A real 2-host job on one machine (two real bootstraps, each with two real torchrun gloo workers,
+A real 2-host job on one machine (two real bootstraps, each with one real torchrun gloo worker,
 resolving algo-1 and algo-2 through a private /etc/hosts; needs root) trains while strangers,
 processes that are not hosts and have no key, connect to the master's side channel
 (127.0.0.1:MASTER_PORT+1) one after the other, each sending what ended healthy jobs before (issue
@@ -31,8 +31,8 @@ ENDLESS = {"steps": "100000", "step-seconds": "0.2"}
 
 CUDA = {
     "host": "algo-2",
-    "rank": 3,
-    "local_rank": 1,
+    "rank": 1,  # algo-2's rank in this job (one rank per host)
+    "local_rank": 0,
     "returncode": -11,
     "signal": "SIGSEGV",
     "exception": {
@@ -85,7 +85,7 @@ print(json.dumps({"address": address, "sent": sent, "cut": cut,
 
 
 def start(tmp_path, name: str, hosts_file, port: int, hps: dict[str, str]) -> Host:
-    """One host's real bootstrap (test_liveness.start_host: 2 gloo workers, failure grace 3 s)."""
+    """One host's real bootstrap (test_liveness.start_host: 1 gloo worker, failure grace 3 s)."""
     return start_host(tmp_path, name, hosts_file, hps=hps, CONTAINER_ENTRY_MASTER_PORT=str(port))
 
 

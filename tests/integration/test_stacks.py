@@ -45,19 +45,16 @@ def test_stacks_of_a_running_job_without_stopping_it(tmp_path):
         while sum("step 1 rank" in p.read_text() for p in logs.glob("rank-*.log")) < 2:
             assert time.monotonic() < deadline and job.poll() is None, "no step 1 on every rank"
             time.sleep(0.1)
-        # a rank stalled past the command's 3-s wait for its stacks is asked again (twice at
-        # most): one that never answers fails every time
-        for _ in range(3):
-            shown = subprocess.run(
-                [sys.executable, "-m", "container_entry", "stacks"],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                check=False,
-            )
-            stacks = {rank: this_jobs(shown.stdout, tree, rank) for rank in (0, 1)}
-            if shown.returncode or all(stacks.values()):
-                break
+        # asked once: the command waits for every asked rank (a loaded machine may schedule
+        # one seconds late), up to the 10 s only a stopped or stuck rank outlasts
+        shown = subprocess.run(
+            [sys.executable, "-m", "container_entry", "stacks"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        stacks = {rank: this_jobs(shown.stdout, tree, rank) for rank in (0, 1)}
         running = job.poll() is None
     finally:
         done.touch()
