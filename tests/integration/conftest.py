@@ -7,6 +7,9 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -161,3 +164,51 @@ def torch_metadata(folder: Path, version: str) -> Path:
     if entry_points:
         (info / "entry_points.txt").write_text(entry_points)
     return folder
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 60.0) -> bool:
+    """Whether `predicate` came true within `timeout` s (looked at every 0.05 s)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+class Drained:
+    """A process's stderr read as it comes, each line with the moment it was read (its stdout
+    read and dropped): a test waits for a line while the process runs, or times it."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.process = process
+        self.lines: list[tuple[float, str]] = []
+        self.readers = [
+            threading.Thread(target=self._read, args=(process.stdout, None), daemon=True),
+            threading.Thread(target=self._read, args=(process.stderr, self.lines), daemon=True),
+        ]
+        for reader in self.readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream, keep: list[tuple[float, str]] | None) -> None:
+        for line in stream:
+            if keep is not None:
+                keep.append((time.time(), line.rstrip("\n")))
+
+    def when(self, text: str) -> float | None:
+        """When the first line with `text` was read; None before it."""
+        return next((t for t, line in list(self.lines) if text in line), None)
+
+    def said(self, text: str) -> bool:
+        return self.when(text) is not None
+
+    def text(self) -> str:
+        return "\n".join(line for _, line in list(self.lines))
+
+    def finish(self, timeout: float) -> tuple[int, str]:
+        """(exit status, stderr) once the process ended and its streams are read."""
+        self.process.wait(timeout=timeout)
+        for reader in self.readers:
+            reader.join(timeout=10)
+        return self.process.returncode, self.text()

@@ -24,8 +24,9 @@ from tests.integration.conftest import (
     launcher_of,
     make_tree,
     run,
+    wait_for,
 )
-from tests.integration.test_faults import ranks_started, wait_for
+from tests.integration.test_faults import ranks_started
 
 ARGV_PROBE = REPO / "tests" / "scripts" / "argv_probe.py"
 FAULT = REPO / "tests" / "scripts" / "fault_probe.py"

@@ -12,7 +12,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -22,10 +21,12 @@ from container_entry.hosts import SETTLE_SECONDS
 from tests.conftest import EXIT_BOUND
 from tests.integration.conftest import (
     REPO,
+    Drained,
     bootstrap_argv,
     bootstrap_env,
     launcher_of,
     make_tree,
+    wait_for,
     with_hosts_file,
 )
 from tests.ports import job_port
@@ -81,46 +82,6 @@ def ranks_started(tree, count=2) -> bool:
     """True once every rank printed its first line (its SIGTERM handler is installed)."""
     logs = (tree.output / "data/container-entry/logs").glob("rank-*.log")
     return sum("started rank" in path.read_text() for path in logs) == count
-
-
-def wait_for(predicate, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
-
-
-class Drained:
-    """A process's stderr read as it comes (its stdout read and dropped), so that a test can
-    wait for a line while the process runs."""
-
-    def __init__(self, process: subprocess.Popen) -> None:
-        self.process = process
-        self.lines: list[str] = []
-        self.readers = [
-            threading.Thread(target=self._read, args=(process.stdout, None), daemon=True),
-            threading.Thread(target=self._read, args=(process.stderr, self.lines), daemon=True),
-        ]
-        for reader in self.readers:
-            reader.start()
-
-    @staticmethod
-    def _read(stream, keep: list[str] | None) -> None:
-        for line in stream:
-            if keep is not None:
-                keep.append(line)
-
-    def said(self, text: str) -> bool:
-        return any(text in line for line in list(self.lines))
-
-    def finish(self, timeout: float) -> tuple[int, str]:
-        """(exit status, stderr), as `finish` gives them."""
-        self.process.wait(timeout=timeout)
-        for reader in self.readers:
-            reader.join(timeout=10)
-        return self.process.returncode, "".join(self.lines)
 
 
 @pytest.mark.parametrize(

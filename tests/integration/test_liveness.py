@@ -20,10 +20,9 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -32,10 +31,12 @@ from container_entry.hosts import LIVENESS_TIMEOUT
 from tests.conftest import EXIT_BOUND
 from tests.integration.conftest import (
     REPO,
+    Drained,
     MlTree,
     bootstrap_argv,
     bootstrap_env,
     make_tree,
+    wait_for,
     with_hosts_file,
 )
 from tests.ports import job_port
@@ -62,26 +63,16 @@ class Host:
     tree: MlTree
     process: subprocess.Popen
     local_ranks: int  # PET_NPROC_PER_NODE
-    lines: list[tuple[float, str]] = field(default_factory=list)  # (time, stderr line)
-
-    def drain(self) -> None:
-        def read(stream, keep):
-            for line in stream:
-                if keep:
-                    self.lines.append((time.time(), line.rstrip("\n")))
-
-        assert self.process.stdout is not None and self.process.stderr is not None
-        threading.Thread(target=read, args=(self.process.stdout, False), daemon=True).start()
-        threading.Thread(target=read, args=(self.process.stderr, True), daemon=True).start()
+    output: Drained  # its stderr, each line with when it came
 
     def first_line(self) -> str:
         return (self.tree.output / "failure").read_text().splitlines()[0]
 
     def when(self, text: str) -> float | None:
-        return next((t for t, line in self.lines if text in line), None)
+        return self.output.when(text)
 
     def stderr(self) -> str:
-        return "\n".join(line for _, line in self.lines)[-4000:]
+        return self.output.text()[-4000:]
 
     def ranks_started(self, count: int | None = None) -> bool:
         """True once `count` ranks (all this host's local ranks unless told) printed their
@@ -136,18 +127,7 @@ def start_host(
         text=True,
         cwd="/",
     )
-    host = Host(name, tree, process, int(settings["PET_NPROC_PER_NODE"]))
-    host.drain()
-    return host
-
-
-def wait_for(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
+    return Host(name, tree, process, int(settings["PET_NPROC_PER_NODE"]), Drained(process))
 
 
 def hosts_file_for(tmp_path: Path, addresses: dict[str, str]) -> Path:

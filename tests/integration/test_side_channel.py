@@ -22,7 +22,8 @@ import time
 import pytest
 
 from container_entry.hosts import LIVENESS_TIMEOUT
-from tests.integration.test_liveness import Host, kill_everything, start_host, wait_for
+from tests.integration.conftest import wait_for
+from tests.integration.test_liveness import Host, kill_everything, start_host
 from tests.ports import job_port
 
 HOSTS = ("algo-1", "algo-2")
@@ -133,7 +134,7 @@ def test_no_stranger_on_the_side_channel_can_touch_a_running_job(tmp_path, hosts
         output = host.tree.output
         assert (output / "success").exists() and not (output / "failure").exists()
         assert "Traceback" not in host.stderr(), host.stderr()
-    everything = "\n".join(line for _, line in hosts[0].lines)  # stderr() is its last 4,000
+    everything = hosts[0].output.text()  # stderr() is its last 4,000
     for attack, what in seen.items():
         refused = refusals(everything, what["address"])
         assert len(refused) == 1, (attack, hosts[0].stderr())

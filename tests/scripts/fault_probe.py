@@ -17,11 +17,11 @@ already in its own 35 s handler never joins it: the handlers ran one host after 
 the last rank's checkpoint outlasted the grace period.
 
 Orderings a test waits for rather than times (a loaded machine stalls any process for seconds):
---exit-until-file holds the exit handler (as --exit-seconds would) until the file exists (30 s
-at most), so a rank is still in its exit when the test's stop comes; --term-barrier-dir has
-each rank mark its SIGTERM there (rank-N) and its checkpoint wait until every rank of the job
-has (10 s at most) before its --term-work-seconds, so no rank closes its connections while a
-peer that has not had the stop yet still waits in a collective.
+--exit-until-file holds the exit handler (a slow exit: flushing a logger, closing a tracker)
+until the file exists (30 s at most), so a rank is still in its exit when the test's stop
+comes; --term-barrier-dir has each rank mark its SIGTERM there (rank-N) and its checkpoint wait
+until every rank of the job has (10 s at most) before its --term-work-seconds, so no rank
+closes its connections while a peer that has not had the stop yet still waits in a collective.
 """
 
 import argparse
@@ -50,8 +50,7 @@ parser.add_argument("--ignore-term", action="store_true")
 parser.add_argument("--poll-store", action="store_true")
 parser.add_argument("--linger-host", default="")  # this host's ranks work on after training
 parser.add_argument("--linger-seconds", type=float, default=0.0)
-parser.add_argument("--exit-seconds", type=float, default=0.0)  # the script's own exit handler
-parser.add_argument("--exit-until-file", default="")  # ... held until this file exists
+parser.add_argument("--exit-until-file", default="")  # the script's exit handler waits for it
 parser.add_argument("--term-barrier-dir", default="")  # every rank's SIGTERM, before checkpoints
 # training ends after the step in which any rank saw this file (the step's all_reduce carries it,
 # so every rank ends at the same step): a test ends a job when it has done what it came to do
@@ -119,14 +118,11 @@ def on_term(signum, _frame):
 
 signal.signal(signal.SIGTERM, on_term)
 # a slow exit (flushing a logger, closing a tracker): after the script
-if args.exit_seconds or args.exit_until_file:
+if args.exit_until_file:
 
     def slow_exit() -> None:
         print(f"exiting rank {rank}", flush=True)
-        if args.exit_until_file:  # until the test has done what it came to do
-            wait_for_file(args.exit_until_file, cap=30.0)
-        else:
-            time.sleep(args.exit_seconds)
+        wait_for_file(args.exit_until_file, cap=30.0)  # until the test has done its part
 
     atexit.register(slow_exit)
 sleeping_through = False
