@@ -166,6 +166,13 @@ def torch_metadata(folder: Path, version: str) -> Path:
     return folder
 
 
+def ranks_started(tree: MlTree, count: int = 2) -> bool:
+    """True once `count` ranks printed their first line (fault_probe.py: its SIGTERM handler is
+    installed)."""
+    logs = (tree.output / "data/container-entry/logs").glob("rank-*.log")
+    return sum("started rank" in path.read_text() for path in logs) == count
+
+
 def wait_for(predicate: Callable[[], object], timeout: float = 60.0) -> bool:
     """Whether `predicate` came true within `timeout` s (looked at every 0.05 s)."""
     deadline = time.monotonic() + timeout

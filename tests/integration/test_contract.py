@@ -23,10 +23,10 @@ from tests.integration.conftest import (
     bootstrap_env,
     launcher_of,
     make_tree,
+    ranks_started,
     run,
     wait_for,
 )
-from tests.integration.test_faults import ranks_started
 
 ARGV_PROBE = REPO / "tests" / "scripts" / "argv_probe.py"
 FAULT = REPO / "tests" / "scripts" / "fault_probe.py"

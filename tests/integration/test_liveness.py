@@ -36,6 +36,7 @@ from tests.integration.conftest import (
     bootstrap_argv,
     bootstrap_env,
     make_tree,
+    ranks_started,
     wait_for,
     with_hosts_file,
 )
@@ -77,9 +78,7 @@ class Host:
     def ranks_started(self, count: int | None = None) -> bool:
         """True once `count` ranks (all this host's local ranks unless told) printed their
         first line."""
-        logs = (self.tree.output / "data/container-entry/logs").glob("rank-*.log")
-        started = sum("started rank" in path.read_text() for path in logs)
-        return started == (self.local_ranks if count is None else count)
+        return ranks_started(self.tree, self.local_ranks if count is None else count)
 
     def descendants(self) -> list[int]:
         """Every process below this bootstrap (torchrun, its workers), read from /proc."""
