@@ -26,7 +26,14 @@ from container_entry.diagnose import culprit
 from container_entry.diagnose.failure import is_collective_timeout, summarized
 from container_entry.hosts import SETTLE_SECONDS, PeerFailure, network
 from container_entry.hosts.session import Session, session_key
-from container_entry.plan.environment import Environment, base_dir_from, read_environment
+from container_entry.plan.code_source import Kind as CodeKind
+from container_entry.plan.environment import (
+    Environment,
+    base_dir_from,
+    read_code_files,
+    read_environment,
+)
+from container_entry.plan.launch_mode import LaunchMode
 from container_entry.plan.plan import Plan, build_plan
 from container_entry.plan.sdk_driver import SdkJob
 from container_entry.rank.torch_gpus import check_visible_gpus
@@ -36,10 +43,17 @@ from container_entry.supervise.outcome import Outcome
 from container_entry.supervise.prestart import Prestarted
 from container_entry.supervise.supervisor import Supervisor
 from container_entry.supervise.torchrun_process import child_environment
+from container_entry.supervise.unchanged import run_unchanged
 
 # for the master's final word on which failure was the job's first: it comes once every host
 # settled, at the latest decision.SETTLE_SECONDS after the first failure reached the master
 FIRST_FAILURE_WAIT = SETTLE_SECONDS + 2.0
+
+
+def toolkit_command(python: str) -> list[str]:
+    """The base image's own start (sagemaker-training's `train` console script, which ours
+    replaces in the image), run by the base's own Python."""
+    return [python, "-m", "sagemaker_training.cli.train"]
 
 
 def resolve(cli_args: Sequence[str], environ: Mapping[str, str] | None = None) -> Plan:
@@ -50,8 +64,13 @@ def resolve(cli_args: Sequence[str], environ: Mapping[str, str] | None = None) -
 def _resolve(
     cli_args: Sequence[str], environ: Mapping[str, str] | None, sdk: SdkJob | None = None
 ) -> tuple[Plan, Environment]:
+    """The plan, and the Environment it was built from; where the code is already here (not
+    fetched later), with its scripts read for the launch mode."""
     env = read_environment(environ, cli_args=cli_args, sdk=sdk)
     plan = build_plan(env)
+    if plan.launch.pending and plan.code.kind in (CodeKind.DIRECTORY, CodeKind.CLI):
+        env = replace(env, code_files=read_code_files(plan.code.code_dir, plan.command[0]))
+        plan = build_plan(env)
     register_secrets(plan.secrets)
     return plan, env
 
@@ -68,8 +87,10 @@ class Job:
         *,
         key: bytes = b"",
         torchrun: Prestarted | None = None,
+        env: Environment | None = None,
     ) -> None:
         self.plan = plan
+        self.env = env  # what the plan was built from: built again once the code is here
         self.environ = environ
         self.base = base
         self.stop = stop
@@ -86,9 +107,10 @@ class Job:
 
     def prepare(self) -> None:
         plan = self.plan
-        if plan.topology.node_rank == 0 and not plan.coordinated:  # else checked in join()
+        if plan.hosts_store and self.session.coordinator is None:  # else checked in join()
             network.check_port_free(plan.master_port, "master")
         user_code.prepare(plan, dict(self.environ))
+        plan = self.plan = self.settle_launch(plan)
         user_code.install_requirements(plan, plan.argv[0])
         for directory in (self.base / "model", self.run_dir.path):
             directory.mkdir(parents=True, exist_ok=True)
@@ -100,11 +122,21 @@ class Job:
             if problem:
                 raise DeviceError(f"{plan.topology.current_host}: {problem}")
 
+    def settle_launch(self, plan: Plan) -> Plan:
+        """Code that came with the job (S3, an archive) is judged once it is here: our workers,
+        or the entry point once per host if it launches its own (launch_mode)."""
+        if not plan.launch.pending or self.env is None:
+            return plan
+        files = read_code_files(plan.code.code_dir, plan.command[0])
+        settled = self.session.shared(build_plan(replace(self.env, code_files=files)))
+        log(f"launch: {settled.launch.describe()}")
+        return settled
+
     def announce_preflight(self) -> None:
         plan = self.plan
         if not plan.preflight:
             return
-        hosts = len(plan.topology.hosts)
+        hosts = plan.topology.nnodes
         checks = (
             f"{plan.num_gpus} GPUs (count, matmul against the CPU)"
             if plan.num_gpus
@@ -235,6 +267,11 @@ def train(
         if plan.settings.dry_run:
             print(plan.to_json(), flush=True)
             return ExitCode.BAD_INPUT if plan.problems else ExitCode.SUCCESS
+        if plan.launch.mode is LaunchMode.TOOLKIT:
+            log(f"launch: {plan.launch.describe()}")
+            grace = plan.settings.stop_grace_period
+            what = "the base image's SageMaker toolkit"
+            return run_unchanged(toolkit_command(env.python), environ, stop, outcome, grace, what)
         if plan.problems:
             error_type = (
                 DeviceError if plan.gpu_problem else CodeError if plan.program else ConfigError
@@ -242,7 +279,8 @@ def train(
             raise error_type("; ".join(plan.problems))
         key = session_key(env) if plan.coordinated else b""  # a short secret: exit 2
         log("plan\n" + plan.summary())
-        job = Job(plan, environ, base_dir_from(environ), stop, key=key, torchrun=torchrun)
+        base = base_dir_from(environ)
+        job = Job(plan, environ, base, stop, key=key, torchrun=torchrun, env=env)
         return job.execute(outcome)
     except (BootstrapError, OSError) as error:
         if stop.cut_start and not isinstance(error, StopRequested):

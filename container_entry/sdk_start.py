@@ -11,16 +11,14 @@ bash would drop it).
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
-import subprocess
-import time
 from collections.abc import Mapping, Sequence
 
 from container_entry.common import stopping
 from container_entry.common.logs import log
 from container_entry.plan import sdk_driver
 from container_entry.plan.environment import base_dir_from
+from container_entry.supervise import unchanged
 from container_entry.supervise.outcome import Outcome
 
 STOP_GRACE_DEFAULT = 100.0
@@ -57,70 +55,15 @@ def _grace(environ: Mapping[str, str]) -> float:
     return STOP_GRACE_DEFAULT
 
 
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _reap(child: subprocess.Popen) -> None:
-    """Collect our child's status, and, as PID 1, the orphans it left (its script's processes
-    once the shell itself ended)."""
-    child.poll()
-    if os.getpid() == 1:
-        with contextlib.suppress(ChildProcessError):
-            while os.waitpid(-1, os.WNOHANG)[0] > 0:
-                pass
-
-
 def run_unchanged(shell_argv: Sequence[str], environ: Mapping[str, str]) -> int:
-    """The SDK's start exactly as it would have run, in a process group of its own; a stop is
-    sent to that whole group (the shell and what it started), which then has the stop grace to
-    exit before SIGKILL; exit 128+N. Otherwise the shell's own exit status."""
+    """The SDK's start exactly as it would have run, under our stop (supervise/unchanged.py)."""
     stop = stopping.Stop()
     stop.raising = False  # never raised: every stop is the child's to answer
     stop.install()
     outcome = Outcome(base_dir_from(environ))
-    if stop.signal is not None:
-        log(f"stopped by {stop.signal} before the SDK's start ran")
-        outcome.failure(f"StopRequested: stopped by {stop.signal} before the SDK's start ran")
-        return 128 + _number(stop.signal)
-    grace = _grace(environ)
-    with stop.wakes_on_child_exit():
-        child = subprocess.Popen(list(shell_argv), process_group=0, env=dict(environ))
-        sent: float | None = None
-        while True:
-            _reap(child)
-            if sent is None and child.returncode is not None:
-                break
-            if sent is None and stop.signal is not None:
-                log(f"{stop.signal}: sent to the SDK's start (its processes have {grace:g} s)")
-                with contextlib.suppress(OSError):
-                    os.killpg(child.pid, _number(stop.signal))
-                sent = time.monotonic()
-            if sent is not None:
-                if child.returncode is not None and not _group_alive(child.pid):
-                    break
-                if time.monotonic() - sent > grace:
-                    log(f"the SDK's start still ran {grace:g} s after the stop: killed")
-                    with contextlib.suppress(OSError):
-                        os.killpg(child.pid, signal.SIGKILL)
-                    child.wait()
-                    break
-            stop.wait(0.5)
-    stop.after_workers()
-    if sent is not None:
-        waited = time.monotonic() - sent
-        what = f"job stopped by {stop.signal}: the SDK's start ended {waited:.1f} s after it"
-        log(what)
-        outcome.failure(f"StopRequested: {what}")
-        return 128 + _number(stop.signal)
-    code = child.returncode
-    return 128 - code if code < 0 else code
+    return unchanged.run_unchanged(
+        shell_argv, environ, stop, outcome, _grace(environ), "the SDK's start"
+    )
 
 
 def handed_over(args: Sequence[str], environ: Mapping[str, str]) -> sdk_driver.Decision:

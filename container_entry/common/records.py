@@ -76,6 +76,10 @@ class RankRecord:
     summary: str | None = None
     log_error: str | None = None  # the rank log stopped (a full disk): where and why
     console_error: str | None = None  # the console stopped taking this rank's lines: why
+    # the entry point ran once on its host (it launches its own workers): its name, and which
+    # of its workers failed as its launcher's own report says (launcher_report.py)
+    once: str | None = None
+    worker: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -143,6 +147,10 @@ class Command:
     # a script with no '#!' line runs under /bin/sh, as execvp and the shell do it (SDK v3's
     # drivers start a .sh entry script through /bin/sh); else it is an ExecError naming the line
     sh_fallback: bool = False
+    # the entry point runs once on this host, as the DLC runs it (it launches its own workers):
+    # in this environment (the SageMaker contract; none of torchrun's per-rank variables, which
+    # would steer the user's own launcher), its lines tagged with the host alone; None: a rank
+    once_env: dict[str, str] | None = None
 
     def write(self, path: Path) -> None:
         """Readable by this user only: the command line holds the hyperparameters."""
@@ -168,6 +176,7 @@ class Command:
                 console_stderr=data.get("console_stderr"),
                 group_teardown_seconds=float(data.get("group_teardown_seconds") or 0.0),
                 sh_fallback=bool(data.get("sh_fallback")),
+                once_env=_environment(data.get("once_env")),
             )
         except TypeError as error:  # a field of the wrong kind (a number for a list)
             raise ValueError(f"{path}: not a command ({error})") from None
@@ -190,6 +199,14 @@ def shown_ranks(spec: str) -> tuple[int, ...] | None:
     """The global ranks a CONSOLE_RANKS value shows on the console; None: all."""
     value = console_ranks(spec)
     return None if value == "all" else tuple(sorted({int(item) for item in value.split(",")}))
+
+
+def _environment(value: Any) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError("once_env is not an object")
+    return {str(k): str(v) for k, v in value.items()}
 
 
 def _ranks(value: Any) -> tuple[int, ...] | None:

@@ -174,7 +174,17 @@ class Stop:
             signal.signal(sig, _late_stop)
 
 
+_late: list[str] = []  # a stop that came after the workers finished (nothing left to stop)
+
+
 def _late_stop(signum: int, _frame: object) -> None:
     from container_entry.common.logs import log
 
+    _late.append(signal_name(signum))
     log(f"received {signal_name(signum)} after the workers finished: finishing up")
+
+
+def stopped_late() -> bool:
+    """A stop came after the workers finished: what is left to wait for (the coordinator
+    serving the other hosts) ends now."""
+    return bool(_late)

@@ -30,6 +30,42 @@ def children(pid: int) -> list[int]:
     return [child for child in found if not exited(child)]
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid`: its children, theirs, and so on (from /proc)."""
+    found: list[int] = []
+    queue = [pid]
+    while queue:
+        for child in children(queue.pop()):
+            if child not in found:
+                found.append(child)
+                queue.append(child)
+    return found
+
+
+def groups_below(pid: int) -> set[int]:
+    """The process groups of `pid`'s descendants, but `pid`'s own: a launcher the script runs
+    (torchrun, accelerate launch) starts each of its workers in a session of its own, which a
+    signal to the rank's own group never reaches."""
+    groups = set()
+    for child in descendants(pid):
+        with contextlib.suppress(OSError):
+            groups.add(os.getpgid(child))
+    with contextlib.suppress(OSError):
+        groups.discard(os.getpgid(pid))
+    return groups
+
+
+def signal_tree(pid: int, sig: signal.Signals, done: set[int] | None = None) -> None:
+    """`sig` to the process group `pid` leads and to every other group among its descendants,
+    each once (`done`: the groups already signalled, kept by the caller across calls)."""
+    done = set() if done is None else done
+    for group in [pid, *sorted(groups_below(pid))]:
+        if group not in done:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, sig)
+            done.add(group)
+
+
 def childless(pid: int) -> bool:
     """Running, with no live child process (from /proc: no wait, no reaping)."""
     return not exited(pid) and not children(pid)
@@ -79,18 +115,20 @@ class Workers:
         return self.known
 
     def signal(self, sig: signal.Signals, ranks: Sequence[int] | None = None) -> None:
+        """`sig` to every rank's processes: its group and the groups of what it started."""
         for rank, pids in self.refresh().items():
             if ranks is None or rank in ranks:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pids.wrapper, sig)
+                signal_tree(pids.wrapper, sig)
 
     def kill(self, torchrun: int) -> None:
-        """SIGKILL every worker group: those announced and torchrun's children (a wrapper
-        killed before it announced itself)."""
-        self.signal(signal.SIGKILL)
-        for wrapper in children(torchrun):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(wrapper, signal.SIGKILL)
+        """SIGKILL every worker's processes: those announced and torchrun's children (a wrapper
+        killed before it announced itself), each with every group below it."""
+        wrappers = {pids.wrapper for pids in self.refresh().values()} | set(children(torchrun))
+        trees = {wrapper: groups_below(wrapper) for wrapper in wrappers}  # before any is killed
+        for wrapper, groups in trees.items():
+            for group in (wrapper, *groups):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(group, signal.SIGKILL)
 
     def request_stacks(self) -> dict[int, bool]:
         """Ask every live rank to write all its threads' Python stacks (faulthandler on SIGUSR2,
@@ -115,6 +153,22 @@ class Workers:
         """Every rank's stacks on disk before it is torn down."""
         if any(self.request_stacks().values()):
             time.sleep(wait)
+
+
+def adopted(child: int) -> list[int]:
+    """This process's live children but `child`: the processes a subreaper took in when their
+    parent died (an entry point's workers, after it died of a stop)."""
+    return [pid for pid in children(os.getpid()) if pid != child]
+
+
+def reap_adopted(child: int) -> None:
+    """Collect the exit of every adopted process but `child` (whose status its Popen keeps)."""
+    for tasks in Path(f"/proc/{os.getpid()}/task").glob("*/children"):
+        with contextlib.suppress(OSError, ValueError):
+            for pid in (int(p) for p in tasks.read_text().split()):
+                if pid != child:
+                    with contextlib.suppress(ChildProcessError, OSError):
+                        os.waitpid(pid, os.WNOHANG)
 
 
 def reap_orphans() -> None:

@@ -168,10 +168,15 @@ def describe_rank(record: RankRecord, restarts_allowed: bool = False) -> str:
         if record.host is None or names_host(what, record.host):
             return what  # it says in its own words which host
         return f"{record.host}: {what}"
-    text = (
-        f"rank {record.rank} (local {record.local_rank}) on {record.host}: "
-        f"{describe_exit(record.returncode)}"
-    )
+    if record.once:  # the entry point, once on its host: no rank of ours; its launcher's
+        text = f"{record.once} on {record.host} (once per host): {describe_exit(record.returncode)}"
+        if record.worker:
+            text += f": {record.worker}"
+    else:
+        text = (
+            f"rank {record.rank} (local {record.local_rank}) on {record.host}: "
+            f"{describe_exit(record.returncode)}"
+        )
     if record.exception:
         text += f": {record.exception['type']}: {record.exception['message']}".rstrip(": ")
     elif record.fatal_error:

@@ -124,12 +124,15 @@ class Coordinator:
     def missing(self) -> list[str]:
         return self.roster.missing()
 
-    def wait_finished(self, timeout: float) -> None:
+    def all_finished(self) -> bool:
+        return self.roster.all_finished()
+
+    def wait_finished(self, timeout: float, given_up: Callable[[], bool] = bool) -> None:
         """Keep serving until every host reported done, closed its connection or went silent
-        (bounded), so a relayed failure reaches every host before the master's bootstrap
-        exits. A frozen host ends this wait after the liveness timeout."""
+        (or `timeout` passes, or `given_up()`), so a relayed failure reaches every host before
+        the master's bootstrap exits. A frozen host ends this wait after the liveness timeout."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.thread.is_alive():
+        while time.monotonic() < deadline and self.thread.is_alive() and not given_up():
             if self.roster.all_finished():
                 return
             time.sleep(0.1)

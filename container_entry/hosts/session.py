@@ -9,8 +9,10 @@ alike from the job's facts (`session_key`) is the one home of that derivation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
+from container_entry.common import stopping
 from container_entry.common.errors import NetworkError
 from container_entry.common.exits import ExitCode
 from container_entry.common.logs import log
@@ -38,6 +40,7 @@ class Session:
         self.key = key
         self.coordinator: Coordinator | None = None
         self.member: Member | None = None
+        self.machine: tuple[int, int] | None = None  # hosts and workers sharing this machine
 
     def join(self) -> Plan:
         """Multi-host: resolve what this host needs, join the side channel, before anything.
@@ -49,15 +52,16 @@ class Session:
         host advertises its own name, so all are waited for (in parallel). Returns the plan
         as the join leaves it (hosts of this job that share the machine share its cores).
         """
-        plan = self.plan
-        names = plan.topology.wait_for
-        if plan.coordinated and not plan.max_restarts:
-            names = (plan.master_addr,)
+        plan, topology = self.plan, self.plan.topology
+        names = topology.wait_for
+        if plan.coordinated and not plan.max_restarts:  # the world's master, the coordinator
+            store = (plan.master_addr,) if plan.dials_store else ()
+            names = tuple(dict.fromkeys((*store, topology.coordinator)))
         if names:
             network.wait_for_hosts(names, plan.settings.host_wait_timeout)
         if not plan.coordinated:
             return plan
-        if plan.topology.node_rank == 0:
+        if topology.current_host == topology.coordinator:
             self._serve()
         self._join_side_channel()
         self._share_machine()
@@ -68,7 +72,8 @@ class Session:
         not joined yet looked up while the others join (a peer whose name never resolves is
         reported, exit 3; a host that joined needs no name here): N lookups, not N x N."""
         plan, topology = self.plan, self.plan.topology
-        network.check_port_free(plan.master_port, "master")
+        if plan.hosts_store:
+            network.check_port_free(plan.master_port, "master")
         # only the job's hosts take part: a proven join, from an address of the host it names
         # (looked up as long as this host waits for names), checked before anything
         coordinator = self.coordinator = Coordinator(
@@ -104,14 +109,14 @@ class Session:
         plan, topology = self.plan, self.plan.topology
         member = self.member = Member(
             topology.current_host,
-            plan.master_addr,
+            topology.coordinator,
             plan.coordination_port,
             machine=plan.boot_id,
             workers=plan.workers,
             key=self.key,
         )
         timeout = plan.settings.join_timeout
-        master = topology.node_rank == 0
+        master = topology.current_host == topology.coordinator
         try:
             member.join(timeout, verdict_grace=0.0 if master else JOIN_VERDICT_GRACE)
         except PeerFailure:
@@ -130,10 +135,16 @@ class Session:
                 raise NetworkError(text) from None
             raise
 
+    def shared(self, plan: Plan) -> Plan:
+        """`plan` (built again once the code is here) as the join left this host's: hosts of
+        this job on one machine share its cores."""
+        self.plan = plan.sharing_machine(*self.machine) if self.machine else plan
+        return self.plan
+
     def _share_machine(self) -> None:
         """Hosts of this job on one machine (SDK local mode) share its cores."""
         assert self.member is not None
-        hosts, workers = self.member.machine_share()
+        hosts, workers = self.machine = self.member.machine_share()
         shared = self.plan.sharing_machine(hosts, workers)
         if shared is not self.plan:
             self.plan = shared
@@ -157,20 +168,25 @@ class Session:
             self.member.post_failure(record)
 
     def peers_running(self) -> Callable[[], bool] | None:
-        """On the master, whose torchrun hosts the job's store: whether another host's workers
-        still run (its store must stay up for them); elsewhere None."""
-        coordinator = self.coordinator
-        if coordinator is None:
+        """On the coordinator where its torchrun hosts its world's store: whether another host
+        of that world still runs workers (the store must stay up for them); elsewhere None."""
+        coordinator, plan = self.coordinator, self.plan
+        if coordinator is None or not plan.hosts_store:
             return None
-        here = self.plan.topology.current_host
-        return lambda: bool(coordinator.unfinished() - {here})
+        others = set(plan.topology.world) - {plan.topology.current_host}
+        return lambda: bool(coordinator.unfinished() & others)
 
     def close(self, succeeded: bool) -> None:
-        """Done (after a success), then closed; the master waits for the other hosts first."""
+        """Done (after a success), then closed. The coordinator serves until every other host
+        is done, left or went silent (a world or a host that trains longer than this one's
+        keeps its side channel; liveness bounds the wait for a dead or frozen one), or a stop
+        came; after a failure, which it relayed, a few seconds."""
         if self.member:
             if succeeded:
                 self.member.done()
             self.member.close()
         if self.coordinator:
-            self.coordinator.wait_finished(60.0 if succeeded else 5.0)
+            if succeeded and not self.coordinator.all_finished():
+                log("waiting for the other hosts to finish (this host serves the side channel)")
+            self.coordinator.wait_finished(math.inf if succeeded else 5.0, stopping.stopped_late)
             self.coordinator.close()

@@ -12,15 +12,16 @@ from typing import Any, ClassVar
 
 from container_entry.common.errors import ConfigError
 from container_entry.plan.environment import Environment
+from container_entry.plan.groups import Worlds, form_worlds
 
 
 @dataclass(frozen=True)
 class Topology:
     source: str  # "sagemaker" | "local"
-    hosts: tuple[str, ...]
+    hosts: tuple[str, ...]  # every host of the job, sorted: the side channel's members
     current_host: str
-    node_rank: int
-    master_addr: str
+    node_rank: int  # in this host's world (0 where it is in none)
+    master_addr: str  # this host's world's master; loopback for a world of one host
     network_interface: str | None = None
     instance_type: str | None = None
     instance_groups: tuple[dict[str, Any], ...] = ()
@@ -28,18 +29,26 @@ class Topology:
     # every host's name); a torchrun-style cluster only names its master
     wait_for: tuple[str, ...] = ()
     coordinated: bool = True
+    # the DDP world this host joins, in rank order (empty: none, it runs the script once), every
+    # world of the job and why (groups.py), and the host that serves the side channel
+    world: tuple[str, ...] = ()
+    worlds: Worlds | None = None
+    coordinator: str = ""
+
+    @property
+    def nnodes(self) -> int:
+        """Hosts in this host's world (1 where it is in none)."""
+        return max(1, len(self.world))
 
 
 class SageMakerCluster:
     """SageMaker's resourceconfig.json.
 
-    Hosts are sorted and node rank is the index of `current_host`, master the first host, as
-    the incumbent does (loopback on a single host). Heterogeneous clusters: `instance_groups`
-    list their hosts in no particular order; all groups join ONE DDP world, ordered by the
-    sorted union of every host (the top-level `hosts`), so every container computes the same
-    ranks whatever order the groups are listed in. torchrun's static rendezvous accepts a
-    different worker count per host, so a group of 8-GPU hosts and one of 4-GPU hosts simply
-    contribute 8 and 4 workers each.
+    The hosts form worlds by the DLC's instance-group rule (groups.py): without groups, one
+    world of the sorted hosts, master the first, node rank the index (loopback on a single
+    host); with several, never one world across groups. Every host of the job, whatever its
+    world, takes part in one side channel. torchrun's static rendezvous accepts a different
+    worker count per host, so 8-GPU and 4-GPU hosts of one world contribute 8 and 4 workers.
     """
 
     name: ClassVar[str] = "sagemaker"
@@ -73,17 +82,22 @@ class SageMakerCluster:
         if current not in ordered:
             raise ConfigError(f"{where}: current_host {current!r} is not in hosts {list(ordered)}")
         interface = config.get("network_interface_name")
+        worlds = form_worlds(ordered, groups, env.hyperparameters, str(where))
+        world = worlds.of(current)
         return Topology(
             source=SageMakerCluster.name,
             hosts=ordered,
             current_host=current,
-            node_rank=ordered.index(current),
-            # one host: the rendezvous never leaves it, so no DNS is needed at all
-            master_addr=ordered[0] if len(ordered) > 1 else "127.0.0.1",
+            node_rank=world.index(current) if world else 0,
+            # a world of one host: the rendezvous never leaves it, so no DNS is needed at all
+            master_addr=world[0] if len(world) > 1 else "127.0.0.1",
             network_interface=interface if isinstance(interface, str) and interface else None,
             instance_type=config.get("current_instance_type"),
             instance_groups=tuple(groups),
-            wait_for=ordered if len(ordered) > 1 else (),
+            wait_for=world if len(world) > 1 else (),
+            world=world,
+            worlds=worlds,
+            coordinator=worlds.coordinator,
         )
 
 
@@ -130,6 +144,8 @@ class TorchrunEnvCluster:
             master_addr=master,
             wait_for=(master,) if nnodes > 1 else (),
             coordinated=False,
+            world=hosts,
+            coordinator=hosts[0],
         )
 
 
@@ -150,6 +166,8 @@ class LocalCluster:
             current_host=env.hostname,
             node_rank=0,
             master_addr="127.0.0.1",
+            world=(env.hostname,),
+            coordinator=env.hostname,
         )
 
 

@@ -6,6 +6,7 @@ This is the only place that reads the outside world for planning; everything dow
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
@@ -59,6 +60,8 @@ class Environment:
     # --- SageMaker SDK v3's own start, taken over (sdk_driver, sdk_start) ---
     sdk: SdkJob | None = None
     sdk_env: Mapping[str, str] = field(default_factory=dict)  # its environment.py's SM_*
+    # --- the code, once it is where it runs (read_code_files): whether it launches workers ---
+    code_files: Mapping[str, bytes] | None = None  # None: not read yet (it may come from S3)
 
     @property
     def config_dir(self) -> Path:
@@ -289,6 +292,58 @@ def read_efa_software(opt_root: Path = Path("/opt")) -> tuple[str | None, str | 
         match = _LIBFABRIC_PACKAGE.search(packages)
         fabric = match.group(1) if match else None
     return ofi, fabric
+
+
+CODE_FILE_BYTES = 2 * 1024 * 1024  # of each script: a launcher is called near its top
+CODE_FILES = 400  # scripts read at most (a big repository's own code folder)
+CODE_DEPTH = 3  # folders below the code folder
+_SKIPPED = ("__pycache__", "site-packages", "node_modules")
+
+
+def _is_script(path: Path) -> bool:
+    if path.suffix in (".py", ".sh", ".bash"):
+        return True
+    if path.suffix:
+        return False
+    try:
+        with path.open("rb") as handle:
+            return handle.read(2) == b"#!"
+    except OSError:
+        return False
+
+
+def read_code_files(code_dir: str, script: str) -> dict[str, bytes]:
+    """The code folder's scripts (.py, .sh, and files with a '#!' line, a few folders deep,
+    each up to CODE_FILE_BYTES), keyed by their path relative to it, and the entry script
+    under `code_key(code_dir, script)`: what the launch mode is decided from (launchers.py).
+    What cannot be read is left out; nothing here fails."""
+    files: dict[str, bytes] = {}
+    root = Path(code_dir)
+    for folder, names, entries in os.walk(root):
+        depth = len(Path(folder).relative_to(root).parts)
+        names[:] = (
+            []
+            if depth >= CODE_DEPTH
+            else sorted(n for n in names if not n.startswith(".") and n not in _SKIPPED)
+        )
+        for name in sorted(entries):
+            path = Path(folder, name)
+            if len(files) >= CODE_FILES:
+                break
+            if path.is_file() and _is_script(path):
+                with contextlib.suppress(OSError), path.open("rb") as handle:
+                    files[str(path.relative_to(root))] = handle.read(CODE_FILE_BYTES)
+    key = code_key(code_dir, script)
+    if key not in files:
+        with contextlib.suppress(OSError), open(script, "rb") as handle:
+            files[key] = handle.read(CODE_FILE_BYTES)
+    return files
+
+
+def code_key(code_dir: str, script: str) -> str:
+    """The entry script's name among `read_code_files`' keys."""
+    relative = posixpath.relpath(script, code_dir)
+    return script if relative.startswith("..") else relative
 
 
 def read_environment(

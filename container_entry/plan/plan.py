@@ -20,11 +20,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from container_entry.common.errors import ConfigError
 from container_entry.common.layout import RunDir
 from container_entry.common.masking import MASK, Masker, argv_pairs, is_secret_name, secret_values
 from container_entry.common.programs import PREFLIGHT_SCRIPT, UNBUFFERED
 from container_entry.diagnose.hang import AUTO_FACTOR, AUTO_FLOOR, PROGRESS_ENV
-from container_entry.plan import contract, gpus, hyperparameters, sdk_driver, settings, torchrun
+from container_entry.plan import (
+    contract,
+    gpus,
+    hyperparameters,
+    launch_mode,
+    sdk_driver,
+    settings,
+    torchrun,
+)
 from container_entry.plan.cluster import Topology, resolve_topology
 from container_entry.plan.code_source import (
     UNRESOLVED,
@@ -33,7 +42,9 @@ from container_entry.plan.code_source import (
     entry_program,
     locate_code,
 )
-from container_entry.plan.environment import Environment
+from container_entry.plan.environment import Environment, code_key
+from container_entry.plan.groups import toolkit_master
+from container_entry.plan.launch_mode import LaunchDecision, LaunchMode
 from container_entry.plan.sdk_driver import SdkJob
 from container_entry.plan.settings import HYPERPARAMETER_PREFIX, Settings
 from container_entry.plan.worker_defaults import Defaults, threads, worker_env
@@ -82,6 +93,23 @@ class Plan:
     physical_cores: int | None = None
     boot_id: str | None = None  # this machine's kernel, told to the other hosts at the join
     sdk: SdkJob | None = None  # SageMaker SDK v3's start, taken over (sdk_driver)
+    # our DDP workers, the entry point once on this host, or the base's toolkit (launch_mode)
+    launch: LaunchDecision = launch_mode.DDP_BY_DEFAULT
+
+    @property
+    def once(self) -> bool:
+        """The entry point runs once on this host (our one slot hosts it), as the DLC runs it."""
+        return self.launch.mode is LaunchMode.ONCE
+
+    @property
+    def hosts_store(self) -> bool:
+        """This host's torchrun serves its world's rendezvous store on `master_port`."""
+        return self.launch.mode is LaunchMode.DDP and self.topology.node_rank == 0
+
+    @property
+    def dials_store(self) -> bool:
+        """This host's torchrun reaches its world's store on another host (`master_addr`)."""
+        return self.launch.mode is LaunchMode.DDP and self.topology.node_rank > 0
 
     @property
     def workers(self) -> int:
@@ -112,6 +140,15 @@ class Plan:
     def masker(self) -> Masker:
         return Masker(self.secrets)
 
+    def _place(self) -> str:
+        """Where this host stands: its node rank in its world, or none."""
+        world = self.topology.world
+        if not world or self.once:
+            return "runs the entry point once, in no world of ours"
+        if len(world) == len(self.topology.hosts):
+            return f"node rank {self.topology.node_rank}"
+        return f"node rank {self.topology.node_rank} of the world {', '.join(world)}"
+
     def to_dict(self, *, masked: bool = True) -> dict[str, Any]:
         data = asdict(self)
         del data["secrets"]
@@ -132,12 +169,15 @@ class Plan:
         topology = self.topology
         env_names = " ".join(sorted(k for k in self.env if not k.startswith("SM_")))
         sm_count = sum(1 for k in self.env if k.startswith("SM_"))
+        worlds = topology.worlds
         lines = [
             f"mode        {topology.source}",
             f"hosts       {len(topology.hosts)}: {', '.join(topology.hosts)}",
-            f"this host   {topology.current_host} (node rank {topology.node_rank})",
+            *([f"worlds      {worlds.why}"] if worlds and len(topology.hosts) > 1 else []),
+            f"this host   {topology.current_host} ({self._place()})",
             f"master      {self.master_addr}:{self.master_port} "
-            f"(coordination :{self.coordination_port})",
+            f"(coordination {topology.coordinator}:{self.coordination_port})",
+            f"launch      {self.launch.describe()}",
             f"workers     {self.nproc_per_node} per host ({self.nproc_source}), {self.backend}",
             f"torch       {self.torch_version or 'not installed'}; a stop reaches the ranks "
             f"from the bootstrap ({self.settings.stop_grace_period:g} s grace)",
@@ -253,11 +293,31 @@ def _sm_env(
     return {**found, **{name: EnvVar(value, sdk) for name, value in env.sdk_env.items()}}
 
 
+def _once_env(env: Environment, topology: Topology) -> dict[str, EnvVar]:
+    """What the DLC's toolkit exports to a script it runs once per host beside the SM_*
+    contract (sagemaker-pytorch-training 3.0.0, training.py): the master its toolkit computes
+    and its port, and NCCL's interface. Not its NCCL_IB_DISABLE=1 and NCCL_DEBUG=WARN, which
+    it forces over the user's own values (a known pain: README)."""
+    config = env.resource_config or {}
+    listed = config.get("hosts") or list(topology.hosts)
+    group = str(config.get("current_group_name") or "homogeneousCluster")
+    master = toolkit_master(listed, topology.instance_groups, group, env.hyperparameters)
+    why = "as the DLC's toolkit exports it to a script it runs once per host"
+    wanted = {"MASTER_ADDR": EnvVar(master, why), "MASTER_PORT": EnvVar("7777", why)}
+    if topology.network_interface:
+        wanted["NCCL_SOCKET_IFNAME"] = EnvVar(topology.network_interface, why)
+    return wanted
+
+
 def _bootstrap_env(
     env: Environment, topology: Topology, knobs: Settings, code: CodeSource, job_name: object
 ) -> dict[str, EnvVar]:
     """What every script is given beside the SM_* contract and the workers' defaults."""
     wanted: dict[str, EnvVar] = {}
+    if env.torch_version:
+        wanted["SM_DLC_TORCH_VERSION"] = EnvVar(
+            env.torch_version, "as the DLC's PyTorch toolkit exports it (torch.__version__)"
+        )
     if job_name:
         wanted["SAGEMAKER_JOB_NAME"] = EnvVar(str(job_name), "transformers detects SageMaker")
     wanted["CURRENT_HOST"] = EnvVar(topology.current_host, "SageMaker contract")
@@ -320,15 +380,29 @@ def build_plan(env: Environment) -> Plan:
     code, script, code_problems = locate_code(env, program, hps.sagemaker)
     launcher = torchrun.Torchrun(env.torch_version or "0.0")
     problems = [*gpu.problems, *code_problems, *_torch_problems(env, launcher)]
-    asked = env.sdk.processes_per_host if env.sdk else None
-    launch = torchrun.launch(
-        launcher, env.environ, env.python, topology, knobs, gpu, job_name, processes=asked
-    )
+    decision = _launch_decision(env, topology, knobs, hps, code, script)
+    if decision.mode is LaunchMode.ONCE:
+        launch = torchrun.once_launch(launcher, env.python, topology, knobs, knobs.master_port)
+    else:
+        launch = torchrun.launch(
+            launcher,
+            env.environ,
+            env.python,
+            topology,
+            knobs,
+            gpu,
+            job_name,
+            processes=_processes(env, hps),
+        )
     defaults = _defaults(env, topology, gpu, launch.nproc)
     wanted = {
         **_sm_env(env, topology, hps, user_args, program, code, gpu),
         **_bootstrap_env(env, topology, knobs, code, job_name),
-        **{name: EnvVar(value, reason) for name, (value, reason) in defaults.env.items()},
+        **(
+            _once_env(env, topology)
+            if decision.mode is LaunchMode.ONCE
+            else {name: EnvVar(value, reason) for name, (value, reason) in defaults.env.items()}
+        ),
     }
     if launch.restarts:
         wanted["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = EnvVar(
@@ -339,7 +413,9 @@ def build_plan(env: Environment) -> Plan:
     command = (script, *user_args)
     child_env = {**env.environ, **{k: v.value for k, v in added.items()}}
     oversized = _oversized(child_env, command, env.arg_max, hps.user)
-    preflight = knobs.preflight == "true" or (knobs.preflight == "auto" and len(topology.hosts) > 1)
+    preflight = decision.mode is LaunchMode.DDP and (
+        knobs.preflight == "true" or (knobs.preflight == "auto" and topology.nnodes > 1)
+    )
     return Plan(
         topology=topology,
         master_addr=launch.master_addr,
@@ -369,4 +445,42 @@ def build_plan(env: Environment) -> Plan:
         physical_cores=env.physical_cores,
         boot_id=env.boot_id,
         sdk=env.sdk,
+        launch=decision,
     )
+
+
+def _launch_decision(
+    env: Environment,
+    topology: Topology,
+    knobs: Settings,
+    hps: hyperparameters.Hyperparameters,
+    code: CodeSource,
+    script: str,
+) -> LaunchDecision:
+    """Our workers, the entry point once, or the base's toolkit (launch_mode), from the code
+    where it has been read (Environment.code_files)."""
+    worlds = topology.worlds
+    return launch_mode.decide(
+        knobs.launch,
+        hps.sagemaker,
+        topology.world,
+        worlds.why if worlds else "",
+        code_key(code.code_dir, script) if env.code_files is not None else None,
+        env.code_files,
+        code.location,
+    )
+
+
+def _processes(env: Environment, hps: hyperparameters.Hyperparameters) -> tuple[int, str] | None:
+    """Workers per host the job asked for: SDK v3's Torchrun(process_count_per_node), or the
+    processes per host SDK v2 writes for `distribution=` (the DLC's toolkit honours it for every
+    launcher it runs, torchrun's included)."""
+    if env.sdk and env.sdk.processes_per_host:
+        return env.sdk.processes_per_host, "SDK v3 Torchrun(process_count_per_node)"
+    key = "sagemaker_mpi_num_of_processes_per_host"
+    value = hps.sagemaker.get(key)
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value, f"hyperparameter {key}"
+    if value is not None:
+        raise ConfigError(f"hyperparameter {key}={value!r}: a positive integer")
+    return None

@@ -86,6 +86,15 @@ def _preflight(value: str) -> str:
     raise ValueError("auto, true or false")
 
 
+def _launch(value: str) -> str:
+    lowered = value.strip().lower()
+    aliases = {"once-per-host": "once", "per-host": "once", "workers": "ddp", "torchrun": "ddp"}
+    lowered = aliases.get(lowered, lowered)
+    if lowered in ("auto", "ddp", "once"):
+        return lowered
+    raise ValueError("auto, ddp or once")
+
+
 def _sdk_driver(value: str) -> str:
     lowered = value.strip().lower()
     if lowered in ("container-entry", "sdk"):
@@ -144,6 +153,14 @@ class Settings:
         "auto",
         _preflight,
         "cluster check before the script: `auto` (multi-host jobs), `true`, `false`",
+    )
+    launch: str = _setting(
+        "auto",
+        _launch,
+        "how each host runs the entry point: `auto` (one DDP worker per GPU, unless the entry "
+        "point launches its own workers, its instance group is outside the distribution groups "
+        "or `distribution=` asks for another launcher), `ddp` (our workers even so) or `once` "
+        "(once per host, as the DLC runs it); see Entry points that launch their own workers",
     )
     sdk_driver: str = _setting(
         "container-entry",

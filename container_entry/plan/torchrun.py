@@ -40,6 +40,7 @@ FLAG_SINCE: Mapping[str, tuple[int, int]] = {
     "rdzv-id": OLDEST,
     "rdzv-conf": OLDEST,
     "local-addr": OLDEST,
+    "standalone": OLDEST,
     # torch's own SIGTERM -> SIGKILL delay for workers; before it, a fixed 30 s
     "shutdown-timeout": (2, 12),
 }
@@ -118,7 +119,7 @@ def rendezvous_flags(
         "rdzv-conf": f"is_host={'true' if topology.node_rank == 0 else 'false'}",
     }
     # the node that c10d makes rank 0 advertises this address to every worker
-    if len(topology.hosts) == 1:
+    if topology.nnodes == 1:
         wanted["local-addr"] = "127.0.0.1"
     elif topology.coordinated:  # a source that knows every host's real name (SageMaker)
         wanted["local-addr"] = topology.current_host
@@ -140,12 +141,14 @@ def _pet_int(environ: Mapping[str, str], name: str, default: int, low: int, high
     return value
 
 
-def _nproc(environ: Mapping[str, str], gpu: GpuCount, asked: int | None) -> tuple[str, str]:
+def _nproc(
+    environ: Mapping[str, str], gpu: GpuCount, asked: tuple[int, str] | None
+) -> tuple[str, str]:
     """Workers per host as torchrun takes them, and why: PET_NPROC_PER_NODE, else what the job
-    asked for (SDK v3's Torchrun(process_count_per_node)), else a GPU each."""
+    asked for (`asked`: the count and who asked), else a GPU each."""
     raw = environ.get("PET_NPROC_PER_NODE")
     if raw is None and asked:
-        return str(asked), "SDK v3 Torchrun(process_count_per_node)"
+        return str(asked[0]), asked[1]
     if raw is None:
         return (str(gpu.count), gpu.source) if gpu.count else ("1", "no GPU: CPU")
     if raw not in ("auto", "cpu", "gpu", "xpu") and not (raw.isdigit() and int(raw) > 0):
@@ -168,6 +171,28 @@ class Launch:
     pet_kept: tuple[str, ...]  # the PET_* variables torchrun reads itself instead of a flag
 
 
+def _stop_flags(launcher: Torchrun, knobs: Settings) -> dict[str, str]:
+    """The bootstrap delivers a stop itself (supervise/teardown.py); should anything else signal
+    torchrun, a torchrun that can be told so gives the ranks the same grace."""
+    if not launcher.handles_stop_grace:
+        return {}
+    return {"shutdown-timeout": str(int(knobs.stop_grace_period))}
+
+
+def once_launch(
+    launcher: Torchrun, python: str, topology: Topology, knobs: Settings, master_port: int
+) -> Launch:
+    """torchrun hosting the entry point once on this host (one slot, our rank wrapper in it):
+    a rendezvous of its own on a port the kernel picks (`--standalone`), never 29500 or any
+    other port the user's own launcher may take, no restarts. Every flag is on the command
+    line, so the PET_* variables meant for the user's launcher never steer ours."""
+    flag_argv = ["--standalone", "--nnodes", "1", "--nproc-per-node", "1", "--max-restarts", "0"]
+    for flag, value in _stop_flags(launcher, knobs).items():
+        flag_argv += [f"--{flag}", value]
+    reason = "once per host: the entry point starts its workers itself"
+    return Launch("1", reason, topology.master_addr, master_port, 0, command(python, flag_argv), ())
+
+
 def launch(
     launcher: Torchrun,
     environ: Mapping[str, str],
@@ -176,7 +201,7 @@ def launch(
     knobs: Settings,
     gpu: GpuCount,
     job_name: object,
-    processes: int | None = None,
+    processes: tuple[int, str] | None = None,
 ) -> Launch:
     """torchrun's command line for this host: workers per host, the master, restarts, the stop
     grace where this torchrun takes it; every PET_* variable the user set wins (torchrun reads
@@ -186,14 +211,8 @@ def launch(
     master_addr = environ.get("PET_MASTER_ADDR") or topology.master_addr
     restarts = _pet_int(environ, "PET_MAX_RESTARTS", knobs.max_restarts, 0, 10**6)
     # PET_NPROC_PER_NODE, when set, drops this flag and torchrun reads the user's value itself
-    size = {"nnodes": str(len(topology.hosts)), "nproc-per-node": workers}
-    # the bootstrap delivers a stop itself (launch.py); should anything else signal torchrun,
-    # a torchrun that can be told so gives the ranks the same grace
-    stop = (
-        {"shutdown-timeout": str(int(knobs.stop_grace_period))}
-        if launcher.handles_stop_grace
-        else {}
-    )
+    size = {"nnodes": str(topology.nnodes), "nproc-per-node": workers}
+    stop = _stop_flags(launcher, knobs)
     rendezvous = rendezvous_flags(topology, master_addr, master_port, restarts, job_name)
     argv, pet_kept = flags(environ, {**size, **rendezvous, **stop})
     return Launch(

@@ -31,6 +31,7 @@ _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _LINE_BYTES = 1 << 20  # a line longer than this goes out in pieces
 COALESCE_SECONDS = 0.05  # in a burst of output, at most one relay pass per this many seconds
 DRAIN_SECONDS = 5.0  # after the script exited, for what is still in (or held open on) its pipes
+LINGER_POLL = 0.5  # how often a relay whose script exited looks whether its workers still run
 
 
 class RankLog:
@@ -210,9 +211,12 @@ def relay(
     streams: list[tuple[int, Relay]],
     window: float = COALESCE_SECONDS,
     drain: float = DRAIN_SECONDS,
+    lingering: Callable[[], bool] | None = None,
 ) -> int:
     """Relay the script's pipes from this one thread until both end, or `drain` seconds
-    after the script exited (a process it started may hold them open); its exit status.
+    after the script exited (a process it started may hold them open) and `lingering()` says
+    none of its processes is still at work (an entry point that launched its own workers: they
+    may checkpoint after it died of a stop); its exit status.
 
     Wake-ups, not bytes, are what a relay costs: `python -u` writes each print in two
     syscalls, and waking per write cost more CPU than the lines themselves. So after a pass
@@ -224,10 +228,13 @@ def relay(
     """
     pipes = _Pipes(streams, child.pid)
     deadline: float | None = None
+    gone = False  # the script exited
     try:
         while pipes.live:
-            woke, relayed, exited = pipes.wait(deadline)
-            if deadline is None and (exited or (pipes.exited is None and child.poll() is not None)):
+            looks = time.monotonic() + LINGER_POLL if gone and lingering is not None else None
+            woke, relayed, exited = pipes.wait(deadline if deadline is not None else looks)
+            gone = gone or exited or (pipes.exited is None and child.poll() is not None)
+            if deadline is None and gone and (lingering is None or not lingering()):
                 deadline = woke + drain
             if deadline is not None and time.monotonic() >= deadline:
                 break

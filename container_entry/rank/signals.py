@@ -73,3 +73,18 @@ def end_with_parent() -> None:
     except (OSError, AttributeError):
         return
     orphaned(ORPHAN_SIGNAL, None)  # it died before that took
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    """Orphans below this process are adopted by it, not by PID 1: the workers that an entry
+    point's own launcher started stay in this rank's tree (signalled, awaited, killed with it)
+    when that launcher dies first."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1)
+    except (OSError, AttributeError):
+        return

@@ -39,6 +39,7 @@ import contextlib
 import errno
 import math
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -54,8 +55,10 @@ from container_entry.common.masking import Masker
 from container_entry.common.programs import RANK_RUNNER, SITE_DIR
 from container_entry.common.records import Command, RankRecord, WorkerPids
 from container_entry.common.text import encoded, escaped
+from container_entry.common.workers import adopted, reap_adopted, wait_exited
 from container_entry.diagnose import flight_recorder
 from container_entry.diagnose.hang import report_progress
+from container_entry.rank.launcher_report import worker_failure
 from container_entry.rank.preflight_then_script import MARKERS_ENV, shares_python
 from container_entry.rank.rank_end import (
     exec_failure,
@@ -66,7 +69,7 @@ from container_entry.rank.rank_end import (
     save_record,
 )
 from container_entry.rank.relay import RankLog, Relay, relay
-from container_entry.rank.signals import RankStop
+from container_entry.rank.signals import RankStop, become_subreaper
 
 PEERS_DUMP_SECONDS = 2.0  # a dump thread answers in milliseconds; bounded for one that cannot
 STACKS_SECONDS = 0.5  # for faulthandler's stacks of this host's other ranks
@@ -117,7 +120,10 @@ class Wrapper:
         self.run_dir = RunDir(Path(command.run_dir))
         self.rank = int(os.environ.get("RANK", "0"))
         self.host = os.environ.get("CURRENT_HOST") or os.environ.get("HOSTNAME", "localhost")
-        self.prefix = encoded(f"[{self.host} rank {self.rank}] ")
+        # the entry point once on this host: its own launcher's workers are no ranks of ours
+        self.once = command.once_env is not None
+        tag = f"[{self.host}] " if self.once else f"[{self.host} rank {self.rank}] "
+        self.prefix = encoded(tag)
         self.shown = command.shows(self.rank)
         self.masker = Masker(command.secrets)
         self.err_console = Console(console_stderr(command.console_stderr), "console (stderr)")
@@ -138,7 +144,8 @@ class Wrapper:
         prints the Python stacks), stacks on demand (SIGUSR2) for the teardown report and
         `container-entry stacks`, flight-recorder dumps on request, the process groups ended
         at exit (GROUP_TEARDOWN_TIMEOUT); not the control folder."""
-        env = dict(os.environ)
+        once = self.command.once_env
+        env = dict(os.environ if once is None else once)  # once: none of torchrun's variables
         env.setdefault("PYTHONFAULTHANDLER", "1")
         # our sitecustomize first on PYTHONPATH (the folder holds nothing else), so one of the
         # user's own cannot hide it; ours then runs theirs
@@ -238,6 +245,9 @@ class Wrapper:
         if self.stop.name is not None:  # it arrived during the start: it may not have had it
             with contextlib.suppress(ProcessLookupError):
                 child.send_signal(self.stop.signum)
+        lingering = None
+        if self.once:  # its workers may checkpoint after a stop killed it: kept and relayed
+            lingering = lambda: self.stop.name is not None and bool(adopted(child.pid))  # noqa: E731
         shown = self.shown
         relays = [
             Relay(self.out_console if shown else None, self.log, self.prefix, self.masker, False),
@@ -250,16 +260,34 @@ class Wrapper:
             self.say(f"pid file {escaped(str(pids))} not written: {error.strerror or error}")
         assert child.stdout is not None and child.stderr is not None
         streams = [child.stdout.fileno(), child.stderr.fileno()]
-        status = relay(child, list(zip(streams, relays, strict=True)))
+        status = relay(child, list(zip(streams, relays, strict=True)), lingering=lingering)
+        if self.once:
+            self._end_adopted(child.pid)
         gone = time.time()  # the process and its output are done
         ended = _exiting_at(exiting)  # its script ended before (a Python one says when)
         began = [at for at in (relays[1].traceback_at, ended) if at is not None]
         tail = relays[1].tail_lines()
         return Ended(status, None, tail, min(began, default=None), min(ended or gone, gone))
 
+    def _end_adopted(self, child: int) -> None:
+        """What the entry point left running once it ended: after a stop, awaited (its workers
+        checkpoint; the launcher's SIGKILL ends the grace); otherwise killed, as the DLC's
+        container end kills it (a server it started in the background never holds the job)."""
+        while self.stop.name is not None and adopted(child):
+            time.sleep(0.1)
+        for pid in adopted(child):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        wait_exited(adopted(child), 5.0)
+        reap_adopted(child)
+
     def _start(self, argv: list[str]) -> subprocess.Popen:
         """The child; a script without a '#!' line under /bin/sh where the job asks for
-        execvp's rule (Command.sh_fallback)."""
+        execvp's rule (Command.sh_fallback). The entry point once on this host: this process
+        becomes the subreaper of what it starts, so the workers of its launcher stay in this
+        rank's tree when their parent dies (a stop, and the teardown, reach them there)."""
+        if self.once:
+            become_subreaper()
         pipes: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
         try:
             return subprocess.Popen(argv, env=self.env, cwd=os.getcwd(), **pipes)
@@ -274,6 +302,7 @@ class Wrapper:
         self.log.close()
         lines = ended.stderr_tail
         status = ended.status
+        worker, exception = worker_failure(lines) if self.once and status else (None, None)
         record = RankRecord(
             host=self.host,
             rank=self.rank,
@@ -283,7 +312,7 @@ class Wrapper:
             restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0),
             returncode=status,
             signal=signal_name(-status) if status < 0 else None,
-            exception=ended.start_error or parse_exception(lines),
+            exception=ended.start_error or exception or parse_exception(lines),
             fatal_error=fatal_error(lines),
             last_words=last_words(lines) if status else None,
             stop_signal=self.stop.name,
@@ -296,6 +325,8 @@ class Wrapper:
             log=str(self.run_dir.log(self.rank)),
             log_error=self.trouble.get("log_error"),
             console_error=self.trouble.get("console_error"),
+            once=escaped(os.path.basename(self.command.argv[0])) if self.once else None,
+            worker=worker,
         )
         problem = save_record(self.run_dir.record(self.rank), record.to_json(), self.reserve)
         self.reserve = None  # given back

@@ -50,7 +50,7 @@ from container_entry.supervise.ending import (
 from container_entry.supervise.prestart import Prestarted, spawn
 from container_entry.supervise.teardown import Hanging, Stopping, Teardown, Winding
 from container_entry.supervise.torchrun_output import TorchrunOutput
-from container_entry.supervise.torchrun_process import child_environment
+from container_entry.supervise.torchrun_process import child_environment, script_environment
 
 POLL_SECONDS = 0.1
 
@@ -107,6 +107,7 @@ class Supervisor:
             console_stderr=self.output.worker_stderr(),
             group_teardown_seconds=self.settings.group_teardown_timeout,
             sh_fallback=self.plan.sdk is not None,
+            once_env=script_environment(self.plan, self.environ) if self.plan.once else None,
         ).write(self.control.command)
         self.stop.raising = False
         timeout = self.settings.hang_timeout  # None: auto, which watches several hosts only

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import signal
 import subprocess
 from collections.abc import Callable
 
 from container_entry.common.layout import ControlDir, RunDir
 from container_entry.common.logs import log
-from container_entry.common.workers import Workers, children
+from container_entry.common.workers import Workers, children, signal_tree
 from container_entry.diagnose import flight_recorder
 from container_entry.diagnose.culprit import ranges
 from container_entry.supervise.ending import Observed
@@ -143,7 +142,7 @@ class Stopping(Teardown):
         self.control = control
         self.stopped = stopped  # another host's stop, in words; None: this host's own
         self.peers_running = peers_running  # the master's: its torchrun hosts the job's store
-        self.signalled: set[int] = set()  # worker groups (wrapper pids) signalled
+        self.signalled: set[int] = set()  # process groups signalled (workers', theirs)
         self.delivering = True
         self.waiting_for_peers = False
 
@@ -166,11 +165,8 @@ class Stopping(Teardown):
         self.observed.launched |= set(self.workers.refresh())
         sig = signal.Signals[self.observed.stop_signal or "SIGTERM"]
         running = children(self.process.pid)
-        for wrapper in running:
-            if wrapper not in self.signalled:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(wrapper, sig)
-                self.signalled.add(wrapper)
+        for wrapper in running:  # and what it started in groups of its own, as they appear
+            signal_tree(wrapper, sig, self.signalled)
         if running:
             return
         if self.peers_running is not None and now < self.deadline and self.peers_running():
