@@ -10,14 +10,16 @@ import json
 import os
 import posixpath
 import re
+import shutil
 import socket
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from container_entry.common import shm
+from container_entry.common import offspring, shm
 from container_entry.common.errors import ConfigError
 from container_entry.plan import gpus, sdk_driver
 from container_entry.plan.sdk_driver import SdkJob
@@ -59,10 +61,21 @@ class Environment:
     # --- SageMaker SDK v3's own start, taken over (sdk_driver, sdk_start) ---
     sdk: SdkJob | None = None
     sdk_env: Mapping[str, str] = field(default_factory=dict)  # its environment.py's SM_*
+    # --- what sagemaker-training reads from the machine for the SM_* values (contract.py) ---
+    all_cpus: int = 1  # os.cpu_count(): the machine's CPUs, not only those we may run on
+    neuron_cores: int = 0  # NeuronCores (read_neuron_cores)
+    smddprun: bool = False  # `smddprun` found on PATH
+    smddpmprun: bool = False
 
     @property
     def config_dir(self) -> Path:
         return self.base_dir / "input" / "config"
+
+    @property
+    def listed_gpus(self) -> int:
+        """The GPUs `nvidia-smi -L` lists (its lines starting "GPU "), whatever
+        CUDA_VISIBLE_DEVICES says: the DLC's SM_NUM_GPUS (0 where nvidia-smi gave nothing)."""
+        return sum(1 for line in (self.nvidia_smi or "").split("\n") if line.startswith("GPU "))
 
 
 def base_dir_from(environ: Mapping[str, str]) -> Path:
@@ -291,6 +304,32 @@ def read_efa_software(opt_root: Path = Path("/opt")) -> tuple[str | None, str | 
     return ofi, fabric
 
 
+NEURON_LS_TIMEOUT = 30.0
+TRN2_48XLARGE = "trn2.48xlarge"  # sagemaker-training counts its NeuronCores by name: 64
+
+
+def read_neuron_cores(instance_type: object, timeout: float = NEURON_LS_TIMEOUT) -> int:
+    """NeuronCores as sagemaker-training counts them for SM_NUM_NEURONS: 64 on a trn2.48xlarge,
+    else the `nc_count`s `neuron-ls -j` reports; 0 where it is absent or says nothing usable
+    (where the toolkit would fail on a garbled answer, the count is 0 here)."""
+    if isinstance(instance_type, str) and TRN2_48XLARGE in instance_type:
+        return 64
+    binary = shutil.which("neuron-ls")
+    if binary is None:
+        return 0
+    try:
+        result = offspring.run(
+            [binary, "-j"], capture_output=True, text=True, timeout=timeout, check=False
+        )
+        devices = json.loads(result.stdout) if result.returncode == 0 else []
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return 0
+    if not isinstance(devices, list):
+        return 0
+    counts = [d.get("nc_count", 0) for d in devices if isinstance(d, dict)]
+    return sum(c for c in counts if isinstance(c, int))
+
+
 def read_environment(
     environ: Mapping[str, str] | None = None,
     cli_args: Sequence[str] = (),
@@ -308,10 +347,12 @@ def read_environment(
     data = base / "input" / "data"
     cwd = os.getcwd()
     candidates = script_candidates(cwd, str(base / "code"), cli_args[0]) if cli_args else ()
+    resource_config = _optional_json(config / "resourceconfig.json")
+    instance_type = (resource_config or {}).get("current_instance_type", "local")
     return Environment(
         base_dir=base,
         environ=environ,
-        resource_config=_optional_json(config / "resourceconfig.json"),
+        resource_config=resource_config,
         hyperparameters=_optional_json(config / "hyperparameters.json") or {},
         input_data_config=_optional_json(config / "inputdataconfig.json") or {},
         nvidia_smi=smi.output,
@@ -341,4 +382,8 @@ def read_environment(
         boot_id=read_boot_id(),
         sdk=sdk,
         sdk_env=sdk_env,
+        all_cpus=os.cpu_count() or 1,
+        neuron_cores=read_neuron_cores(instance_type),
+        smddprun=shutil.which("smddprun") is not None,
+        smddpmprun=shutil.which("smddpmprun") is not None,
     )

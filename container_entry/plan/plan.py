@@ -26,13 +26,7 @@ from container_entry.common.programs import PREFLIGHT_SCRIPT, UNBUFFERED
 from container_entry.diagnose.hang import AUTO_FACTOR, AUTO_FLOOR, PROGRESS_ENV
 from container_entry.plan import contract, gpus, hyperparameters, sdk_driver, settings, torchrun
 from container_entry.plan.cluster import Topology, resolve_topology
-from container_entry.plan.code_source import (
-    UNRESOLVED,
-    CodeSource,
-    Kind,
-    entry_program,
-    locate_code,
-)
+from container_entry.plan.code_source import CodeSource, entry_program, locate_code
 from container_entry.plan.environment import Environment
 from container_entry.plan.sdk_driver import SdkJob
 from container_entry.plan.settings import HYPERPARAMETER_PREFIX, Settings
@@ -164,10 +158,12 @@ class Plan:
         return self.masker().text("\n".join(lines))
 
 
-def _channels(env: Environment) -> dict[str, str]:
-    """Every input channel's folder: those the job was given and those found on disk."""
-    names = set(env.input_data_config) | set(env.local_channels)
-    return {name: str(env.base_dir / "input" / "data" / name) for name in sorted(names)}
+def _local_channels(env: Environment) -> list[str] | None:
+    """Local mode's input channels: those the job was given and the folders found on disk (the
+    DLC cannot run there to say otherwise). None under SageMaker: the DLC's, inputdataconfig's."""
+    if env.resource_config is not None:
+        return None
+    return sorted(set(env.input_data_config) | set(env.local_channels))
 
 
 def _size(text: str) -> int:
@@ -228,24 +224,33 @@ def _sm_env(
     hps: hyperparameters.Hyperparameters,
     user_args: list[str],
     program: str | None,
-    code: CodeSource,
-    gpu: gpus.GpuCount,
 ) -> dict[str, EnvVar]:
-    """The SM_* variables, as sagemaker-training exports them."""
+    """The SM_* variables, as sagemaker-training exports them (contract.py; the deliberate
+    differences: docs/sm-contract.md)."""
     sm = contract.sm_env(
-        base_dir=env.base_dir,
-        topology=topology,
-        user_hyperparameters=hps.user,
-        sagemaker_hyperparameters=hps.sagemaker,
-        user_args=user_args,
-        program=posixpath.basename(program or UNRESOLVED),
-        module_dir=code.location if code.kind in (Kind.S3, Kind.ARCHIVE) else code.code_dir,
-        channels=_channels(env),
-        resource_config=env.resource_config or {},
+        base_dir=env.environ.get("SAGEMAKER_BASE_DIR") or str(env.base_dir),
+        resource_config=env.resource_config
+        if env.resource_config is not None
+        else contract.local_resource_config(topology.hosts, topology.current_host),
         input_data_config=env.input_data_config,
-        num_gpus=gpu.count,
-        num_cpus=env.cpu_count,
+        hyperparameters=hps,
+        user_args=user_args,
         environ=env.environ,
+        machine=contract.Machine(
+            gpus=env.listed_gpus,
+            cpus=env.all_cpus,
+            neurons=env.neuron_cores,
+            smddprun=env.smddprun,
+            smddpmprun=env.smddpmprun,
+        ),
+        channels=_local_channels(env),
+        # a script named on our command line, or SDK v3's, stands where SAGEMAKER_PROGRAM would
+        named_program=posixpath.basename(program)
+        if program and (env.cli_args or env.sdk)
+        else None,
+        # our world's rank-0 host where our launcher forms a world the DLC would not; not
+        # passed yet, so the DLC's own master is exported
+        world_master=None,
     )
     reason = "SageMaker contract (as sagemaker-training exports it)"
     found = {name: EnvVar(value, reason) for name, value in sm.items()}
@@ -326,7 +331,7 @@ def build_plan(env: Environment) -> Plan:
     )
     defaults = _defaults(env, topology, gpu, launch.nproc)
     wanted = {
-        **_sm_env(env, topology, hps, user_args, program, code, gpu),
+        **_sm_env(env, topology, hps, user_args, program),
         **_bootstrap_env(env, topology, knobs, code, job_name),
         **{name: EnvVar(value, reason) for name, (value, reason) in defaults.env.items()},
     }
