@@ -54,9 +54,11 @@ class Session:
         """
         plan, topology = self.plan, self.plan.topology
         names = topology.wait_for
-        if plan.coordinated and not plan.max_restarts:  # the world's master, the coordinator
+        if plan.coordinated:  # the world's master (static) or its hosts (c10d), the coordinator
             store = (plan.master_addr,) if plan.dials_store else ()
-            names = tuple(dict.fromkeys((*store, topology.coordinator)))
+            names = tuple(
+                dict.fromkeys((*(names if plan.max_restarts else store), plan.coordination_addr))
+            )
         if names:
             network.wait_for_hosts(names, plan.settings.host_wait_timeout)
         if not plan.coordinated:
@@ -109,7 +111,7 @@ class Session:
         plan, topology = self.plan, self.plan.topology
         member = self.member = Member(
             topology.current_host,
-            topology.coordinator,
+            plan.coordination_addr,
             plan.coordination_port,
             machine=plan.boot_id,
             workers=plan.workers,

@@ -11,6 +11,7 @@ import json
 import os
 import posixpath
 import re
+import shutil
 import socket
 import sys
 from collections.abc import Mapping, Sequence
@@ -21,6 +22,14 @@ from typing import Any
 from container_entry.common import shm
 from container_entry.common.errors import ConfigError
 from container_entry.plan import gpus, sdk_driver
+from container_entry.plan.machine import (
+    read_boot_id,
+    read_efa_devices,
+    read_efa_software,
+    read_nccl_conf,
+    read_neuron_cores,
+    read_physical_cores,
+)
 from container_entry.plan.sdk_driver import SdkJob
 
 DEFAULT_BASE_DIR = "/opt/ml"
@@ -62,10 +71,21 @@ class Environment:
     sdk_env: Mapping[str, str] = field(default_factory=dict)  # its environment.py's SM_*
     # --- the code, once it is where it runs (read_code_files): whether it launches workers ---
     code_files: Mapping[str, bytes] | None = None  # None: not read yet (it may come from S3)
+    # --- what sagemaker-training reads from the machine for the SM_* values (contract.py) ---
+    all_cpus: int = 1  # os.cpu_count(): the machine's CPUs, not only those we may run on
+    neuron_cores: int = 0  # NeuronCores (read_neuron_cores)
+    smddprun: bool = False  # `smddprun` found on PATH
+    smddpmprun: bool = False
 
     @property
     def config_dir(self) -> Path:
         return self.base_dir / "input" / "config"
+
+    @property
+    def listed_gpus(self) -> int:
+        """The GPUs `nvidia-smi -L` lists (its lines starting "GPU "), whatever
+        CUDA_VISIBLE_DEVICES says: the DLC's SM_NUM_GPUS (0 where nvidia-smi gave nothing)."""
+        return sum(1 for line in (self.nvidia_smi or "").split("\n") if line.startswith("GPU "))
 
 
 def base_dir_from(environ: Mapping[str, str]) -> Path:
@@ -168,136 +188,11 @@ def _interfaces() -> tuple[str, ...] | None:
         return None
 
 
-def read_efa_devices(sys_root: Path = Path("/sys")) -> tuple[str, ...]:
-    """EFA from the machine itself (devices bound to the `efa` driver), not an instance list:
-    the plan's EFA defaults and the preflight's check of NCCL's network both read it here."""
-    devices = []
-    for device in _entries(sys_root / "class" / "infiniband"):
-        driver = sys_root / "class" / "infiniband" / device / "device" / "driver"
-        try:
-            if os.path.basename(os.readlink(driver)) == "efa":
-                devices.append(device)
-        except OSError:
-            continue
-    return tuple(devices)
-
-
-# --- GPU host facts: readers with injectable roots (tests use fake trees) ---
-
-_OFI_VERSION = re.compile(rb"aws-ofi-nccl (\d+\.\d+\.\d+[\w.-]*)")
-_LIBFABRIC_PACKAGE = re.compile(r"libfabric(?:-aws)?[_-](\d+\.\d+\.\d+[\w.]*?)(?:[_-]|\s|$)")
-OFI_NCCL_DIRS = ("amazon/ofi-nccl", "aws-ofi-nccl", "amazon/aws-ofi-nccl")
-
-
-def read_boot_id(path: Path = Path("/proc/sys/kernel/random/boot_id")) -> str | None:
-    """The running kernel's boot id: containers on one machine see the same one, so hosts of a
-    job that share a machine (SageMaker local mode, a docker cluster) can tell."""
-    try:
-        return path.read_text().strip() or None
-    except OSError:
-        return None
-
-
-def read_physical_cores(
-    cpus: set[int] | None = None, sys_root: Path = Path("/sys"), proc_root: Path = Path("/proc")
-) -> int | None:
-    """Distinct (package, core) pairs among the CPUs this process may run on: hyperthreads of
-    one core count once. From sysfs topology, else /proc/cpuinfo; None when neither says."""
-    if cpus is None:
-        cpus = set(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else set()
-    cores = set()
-    for cpu in sorted(cpus):
-        topology = sys_root / "devices" / "system" / "cpu" / f"cpu{cpu}" / "topology"
-        try:
-            package = (topology / "physical_package_id").read_text().strip()
-            core = (topology / "core_id").read_text().strip()
-        except OSError:
-            break
-        cores.add((package, core))
-    else:
-        if cores:
-            return len(cores)
-    try:
-        text = (proc_root / "cpuinfo").read_text()
-    except OSError:
-        return None
-    cores = set()
-    for block in text.split("\n\n"):
-        pairs = (line.partition(":") for line in block.splitlines())
-        fields = {k.strip(): v.strip() for k, _, v in pairs}
-        if (
-            "processor" in fields
-            and "core id" in fields
-            and (not cpus or int(fields["processor"]) in cpus)
-        ):
-            cores.add((fields.get("physical id", "0"), fields["core id"]))
-    return len(cores) or None
-
-
-def read_nccl_conf(path: Path = Path("/etc/nccl.conf")) -> dict[str, str]:
-    """NAME=VALUE lines of NCCL's config file (NCCL reads it for variables not in the env)."""
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return {}
-    values = {}
-    for line in text.splitlines():
-        name, equals, value = line.strip().partition("=")
-        if equals and name and not name.startswith("#"):
-            values[name.strip()] = value.strip()
-    return values
-
-
-def _scan(path: Path, pattern: re.Pattern[bytes]) -> str | None:
-    """The first match of `pattern` in a (binary) file, read in chunks."""
-    try:
-        with path.open("rb") as handle:
-            tail = b""
-            while chunk := handle.read(1 << 20):
-                match = pattern.search(tail + chunk)
-                if match:
-                    return match.group(1).decode("ascii", "replace")
-                tail = chunk[-128:]
-    except OSError:
-        return None
-    return None
-
-
-def read_efa_software(opt_root: Path = Path("/opt")) -> tuple[str | None, str | None]:
-    """(aws-ofi-nccl version, libfabric version) in the image. The plugin's library embeds
-    "Initializing aws-ofi-nccl <version>" (its PACKAGE_STRING); libfabric's version comes from
-    its pkg-config file, else the EFA installer's package list."""
-    ofi = None
-    for directory in OFI_NCCL_DIRS:
-        for library in sorted((opt_root / directory).glob("lib*/libnccl-net*.so*")):
-            ofi = _scan(library, _OFI_VERSION)
-            if ofi:
-                break
-        if ofi:
-            break
-    fabric = None
-    efa = opt_root / "amazon" / "efa"
-    for pc in sorted(efa.glob("lib*/pkgconfig/libfabric.pc")):
-        try:
-            for line in pc.read_text(errors="replace").splitlines():
-                if line.startswith("Version:"):
-                    fabric = line.split(":", 1)[1].strip()
-        except OSError:
-            continue
-    if fabric is None:
-        try:
-            packages = (opt_root / "amazon" / "efa_installed_packages").read_text(errors="replace")
-        except OSError:
-            packages = ""
-        match = _LIBFABRIC_PACKAGE.search(packages)
-        fabric = match.group(1) if match else None
-    return ofi, fabric
-
-
 CODE_FILE_BYTES = 2 * 1024 * 1024  # of each script: a launcher is called near its top
 CODE_FILES = 400  # scripts read at most (a big repository's own code folder)
+CODE_ENTRIES = 5000  # names looked at at most: a code folder may be `/` (`train /train.py`)
 CODE_DEPTH = 3  # folders below the code folder
-_SKIPPED = ("__pycache__", "site-packages", "node_modules")
+_SKIPPED = ("__pycache__", "site-packages", "node_modules", "proc", "sys", "dev")
 
 
 def _is_script(path: Path) -> bool:
@@ -312,6 +207,25 @@ def _is_script(path: Path) -> bool:
         return False
 
 
+def _scripts(root: Path) -> list[Path]:
+    """The scripts under `root`, breadth first, within the bounds above."""
+    found: list[Path] = []
+    seen = 0
+    for folder, names, entries in os.walk(root):
+        depth = len(Path(folder).relative_to(root).parts)
+        keep = [n for n in names if not n.startswith(".") and n not in _SKIPPED]
+        names[:] = [] if depth >= CODE_DEPTH else sorted(keep)
+        for name in sorted(entries):
+            seen += 1
+            path = Path(folder, name)
+            if seen > CODE_ENTRIES or len(found) >= CODE_FILES:
+                return found
+            if path.is_file() and _is_script(path):
+                found.append(path)
+        seen += len(names)
+    return found
+
+
 def read_code_files(code_dir: str, script: str) -> dict[str, bytes]:
     """The code folder's scripts (.py, .sh, and files with a '#!' line, a few folders deep,
     each up to CODE_FILE_BYTES), keyed by their path relative to it, and the entry script
@@ -319,24 +233,12 @@ def read_code_files(code_dir: str, script: str) -> dict[str, bytes]:
     What cannot be read is left out; nothing here fails."""
     files: dict[str, bytes] = {}
     root = Path(code_dir)
-    for folder, names, entries in os.walk(root):
-        depth = len(Path(folder).relative_to(root).parts)
-        names[:] = (
-            []
-            if depth >= CODE_DEPTH
-            else sorted(n for n in names if not n.startswith(".") and n not in _SKIPPED)
-        )
-        for name in sorted(entries):
-            path = Path(folder, name)
-            if len(files) >= CODE_FILES:
-                break
-            if path.is_file() and _is_script(path):
-                with contextlib.suppress(OSError), path.open("rb") as handle:
-                    files[str(path.relative_to(root))] = handle.read(CODE_FILE_BYTES)
     key = code_key(code_dir, script)
-    if key not in files:
-        with contextlib.suppress(OSError), open(script, "rb") as handle:
-            files[key] = handle.read(CODE_FILE_BYTES)
+    for path in [Path(script), *_scripts(root)]:
+        name = key if path == Path(script) else str(path.relative_to(root))
+        if name not in files and path.is_file():  # never a FIFO's open that blocks
+            with contextlib.suppress(OSError), path.open("rb") as handle:
+                files[name] = handle.read(CODE_FILE_BYTES)
     return files
 
 
@@ -363,10 +265,12 @@ def read_environment(
     data = base / "input" / "data"
     cwd = os.getcwd()
     candidates = script_candidates(cwd, str(base / "code"), cli_args[0]) if cli_args else ()
+    resource_config = _optional_json(config / "resourceconfig.json")
+    instance_type = (resource_config or {}).get("current_instance_type", "local")
     return Environment(
         base_dir=base,
         environ=environ,
-        resource_config=_optional_json(config / "resourceconfig.json"),
+        resource_config=resource_config,
         hyperparameters=_optional_json(config / "hyperparameters.json") or {},
         input_data_config=_optional_json(config / "inputdataconfig.json") or {},
         nvidia_smi=smi.output,
@@ -396,4 +300,8 @@ def read_environment(
         boot_id=read_boot_id(),
         sdk=sdk,
         sdk_env=sdk_env,
+        all_cpus=os.cpu_count() or 1,
+        neuron_cores=read_neuron_cores(instance_type),
+        smddprun=shutil.which("smddprun") is not None,
+        smddpmprun=shutil.which("smddpmprun") is not None,
     )

@@ -158,25 +158,44 @@ def form_worlds(
     return Worlds((tuple(hosts),), (), why)
 
 
-def toolkit_master(
-    hosts: Sequence[str],
-    groups: Sequence[Mapping[str, Any]],
-    current_group: str,
-    hyperparameters: Mapping[str, Any],
-) -> str:
-    """`master_hostname` as sagemaker-training computes it on this host (`hosts` as the file
-    lists them): the first of its distribution hosts (the hosts of D in the file's order; every
-    host where the file has no groups), else the first host. What the DLC exports as
-    MASTER_ADDR to a script it runs, and SM_TRAINING_ENV's `master_hostname` where we form no
-    world the DLC would not."""
-    wanted = decoded(hyperparameters.get(GROUPS_KEY)) if GROUPS_KEY in hyperparameters else None
-    if wanted is None:
-        wanted = [current_group] if launcher_flag(hyperparameters) else []
-    if groups:
-        names = set(wanted) if isinstance(wanted, list | tuple) else {wanted}
-        distribution = [
-            h for g in groups if g.get("instance_group_name") in names for h in g.get("hosts") or []
-        ]
+def _member(name: Any, groups: Any) -> bool:
+    """`name in groups` as the toolkit tests it (a string value tests for a substring); a value
+    the test cannot apply to (the toolkit would raise) holds no group."""
+    try:
+        return bool(name in groups)
+    except TypeError:
+        return False
+
+
+def toolkit_distribution(
+    resource_config: Mapping[str, Any], framework: Mapping[str, Any]
+) -> tuple[Any, list[Any]]:
+    """`distribution_instance_groups` and `distribution_hosts` as sagemaker-training computes
+    them on this host (`framework`: the decoded sagemaker_* hyperparameters): D from the key,
+    else this host's group where a launcher flag is set, else none; the hosts of D's groups in
+    the file's order, every host where the file has no groups."""
+    configured = [g for g in resource_config.get("instance_groups") or [] if isinstance(g, dict)]
+    current = resource_config.get("current_group_name", HOMOGENEOUS)
+    if GROUPS_KEY in framework:
+        groups = framework[GROUPS_KEY]
+    elif any(framework.get(flag, False) for flag in LAUNCHER_FLAGS):
+        groups = [current]
     else:
-        distribution = list(hosts)
-    return (distribution or list(hosts))[0]
+        groups = []
+    if not configured:
+        return groups, list(resource_config.get("hosts") or [])
+    hosts = [
+        host
+        for group in configured
+        if _member(group.get("instance_group_name"), groups)
+        for host in group.get("hosts") or []
+    ]
+    return groups, hosts
+
+
+def toolkit_master(resource_config: Mapping[str, Any], framework: Mapping[str, Any]) -> Any:
+    """`master_hostname` as sagemaker-training computes it: the first distribution host, else
+    the first host as the file lists them. What the DLC exports as MASTER_ADDR to a script it
+    runs, and SM_TRAINING_ENV's `master_hostname` wherever we form no world of our own."""
+    hosts = resource_config.get("hosts") or [resource_config.get("current_host")]
+    return next(iter(toolkit_distribution(resource_config, framework)[1] or hosts))

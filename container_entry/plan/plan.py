@@ -8,59 +8,45 @@ unsupported torch, an environment too large to start a process with) goes into
 `build_plan` puts together one decision per function: the code and the entry script
 (code_source), torchrun's command line (torchrun.launch), the SM_* contract (contract), what
 every script is given (`_bootstrap_env`), the workers' defaults (worker_defaults), the limits of
-a process's start (`_oversized`) and the secrets to mask.
+a process's start (`limits`) and the secrets to mask.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import posixpath
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from container_entry.common.errors import ConfigError
 from container_entry.common.layout import RunDir
 from container_entry.common.masking import MASK, Masker, argv_pairs, is_secret_name, secret_values
-from container_entry.common.programs import PREFLIGHT_SCRIPT, UNBUFFERED
-from container_entry.diagnose.hang import AUTO_FACTOR, AUTO_FLOOR, PROGRESS_ENV
+from container_entry.common.programs import PREFLIGHT_SCRIPT
+from container_entry.diagnose.hang import AUTO_FACTOR, AUTO_FLOOR
 from container_entry.plan import (
-    contract,
     gpus,
     hyperparameters,
     launch_mode,
+    limits,
+    script_env,
     sdk_driver,
     settings,
     torchrun,
 )
 from container_entry.plan.cluster import Topology, resolve_topology
-from container_entry.plan.code_source import (
-    UNRESOLVED,
-    CodeSource,
-    Kind,
-    entry_program,
-    locate_code,
-)
+from container_entry.plan.code_source import CodeSource, entry_program, locate_code
 from container_entry.plan.environment import Environment, code_key
-from container_entry.plan.groups import toolkit_master
 from container_entry.plan.launch_mode import LaunchDecision, LaunchMode
+from container_entry.plan.script_env import EnvVar
 from container_entry.plan.sdk_driver import SdkJob
 from container_entry.plan.settings import HYPERPARAMETER_PREFIX, Settings
 from container_entry.plan.worker_defaults import Defaults, threads, worker_env
-
-MAX_ARG_STRLEN = 131072  # Linux: the most bytes one argv or environment string may hold
 
 
 def workers_of(nproc_per_node: str, gpus: int) -> int:
     """Workers per host from torchrun's value ("gpu"/"auto" from PET_* count the GPUs)."""
     return int(nproc_per_node) if nproc_per_node.isdigit() else max(1, gpus)
-
-
-@dataclass(frozen=True)
-class EnvVar:
-    value: str
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -131,6 +117,17 @@ class Plan:
         )
         env = {**self.env, "OMP_NUM_THREADS": EnvVar(value, reason)}
         return dataclasses.replace(self, env=env)
+
+    @property
+    def coordination_addr(self) -> str:
+        """Where the side channel is dialled: this host's world's master when it serves it
+        (as the torchrun flags name it), else the coordinator's own name."""
+        topology = self.topology
+        return (
+            self.master_addr
+            if topology.coordinator == topology.master_addr
+            else topology.coordinator
+        )
 
     @property
     def coordination_port(self) -> int:
@@ -204,52 +201,6 @@ class Plan:
         return self.masker().text("\n".join(lines))
 
 
-def _channels(env: Environment) -> dict[str, str]:
-    """Every input channel's folder: those the job was given and those found on disk."""
-    names = set(env.input_data_config) | set(env.local_channels)
-    return {name: str(env.base_dir / "input" / "data" / name) for name in sorted(names)}
-
-
-def _size(text: str) -> int:
-    """Bytes of `text` as the kernel gets it (an undecodable byte is one byte, as it came)."""
-    return len(text.encode("utf-8", "surrogateescape"))
-
-
-def _oversized(
-    environ: Mapping[str, str], command: Sequence[str], arg_max: int, user: Mapping[str, Any]
-) -> str | None:
-    """Why the workers could not be started with this environment and command line (the
-    kernel's E2BIG), naming the variable or argument; None when they can."""
-    biggest = max(user, key=lambda k: len(str(user[k])), default=None)
-    culprit = (
-        f" (hyperparameter {biggest!r} is {_size(str(user[biggest])):,} bytes)"
-        if biggest is not None and _size(str(user[biggest])) > MAX_ARG_STRLEN // 4
-        else ""
-    )
-    for name, value in environ.items():
-        size = len(name.encode()) + len(value.encode("utf-8", "surrogateescape")) + 2
-        if size > MAX_ARG_STRLEN:
-            return (
-                f"environment variable {name} is {size:,} bytes, over the kernel's limit of "
-                f"{MAX_ARG_STRLEN:,} for one variable{culprit if name.startswith('SM_') else ''}"
-            )
-    for arg in command:
-        size = len(arg.encode("utf-8", "surrogateescape")) + 1
-        if size > MAX_ARG_STRLEN:
-            return (
-                f"script argument {arg[:40]!r}... is {size:,} bytes, over the kernel's limit of "
-                f"{MAX_ARG_STRLEN:,} for one argument{culprit}"
-            )
-    total = sum(len(k) + len(v) + 2 + 8 for k, v in environ.items())
-    total += sum(len(a) + 1 + 8 for a in command) + 8192  # what torchrun and Python add
-    if total > arg_max:
-        return (
-            f"the workers' environment and arguments total {total:,} bytes, over the kernel's "
-            f"limit of {arg_max:,}{culprit}"
-        )
-    return None
-
-
 def _torch_problems(env: Environment, launcher: torchrun.Torchrun) -> list[str]:
     """Why the installed torch cannot launch the job, if it cannot."""
     if env.torch_version is None:
@@ -260,78 +211,6 @@ def _torch_problems(env: Environment, launcher: torchrun.Torchrun) -> list[str]:
             f"({'.'.join(map(str, torchrun.OLDEST))})"
         ]
     return []
-
-
-def _sm_env(
-    env: Environment,
-    topology: Topology,
-    hps: hyperparameters.Hyperparameters,
-    user_args: list[str],
-    program: str | None,
-    code: CodeSource,
-    gpu: gpus.GpuCount,
-) -> dict[str, EnvVar]:
-    """The SM_* variables, as sagemaker-training exports them."""
-    sm = contract.sm_env(
-        base_dir=env.base_dir,
-        topology=topology,
-        user_hyperparameters=hps.user,
-        sagemaker_hyperparameters=hps.sagemaker,
-        user_args=user_args,
-        program=posixpath.basename(program or UNRESOLVED),
-        module_dir=code.location if code.kind in (Kind.S3, Kind.ARCHIVE) else code.code_dir,
-        channels=_channels(env),
-        resource_config=env.resource_config or {},
-        input_data_config=env.input_data_config,
-        num_gpus=gpu.count,
-        num_cpus=env.cpu_count,
-        environ=env.environ,
-    )
-    reason = "SageMaker contract (as sagemaker-training exports it)"
-    found = {name: EnvVar(value, reason) for name, value in sm.items()}
-    sdk = "SageMaker SDK v3 contract (its scripts/environment.py)"
-    return {**found, **{name: EnvVar(value, sdk) for name, value in env.sdk_env.items()}}
-
-
-def _once_env(env: Environment, topology: Topology) -> dict[str, EnvVar]:
-    """What the DLC's toolkit exports to a script it runs once per host beside the SM_*
-    contract (sagemaker-pytorch-training 3.0.0, training.py): the master its toolkit computes
-    and its port, and NCCL's interface. Not its NCCL_IB_DISABLE=1 and NCCL_DEBUG=WARN, which
-    it forces over the user's own values (a known pain: README)."""
-    config = env.resource_config or {}
-    listed = config.get("hosts") or list(topology.hosts)
-    group = str(config.get("current_group_name") or "homogeneousCluster")
-    master = toolkit_master(listed, topology.instance_groups, group, env.hyperparameters)
-    why = "as the DLC's toolkit exports it to a script it runs once per host"
-    wanted = {"MASTER_ADDR": EnvVar(master, why), "MASTER_PORT": EnvVar("7777", why)}
-    if topology.network_interface:
-        wanted["NCCL_SOCKET_IFNAME"] = EnvVar(topology.network_interface, why)
-    return wanted
-
-
-def _bootstrap_env(
-    env: Environment, topology: Topology, knobs: Settings, code: CodeSource, job_name: object
-) -> dict[str, EnvVar]:
-    """What every script is given beside the SM_* contract and the workers' defaults."""
-    wanted: dict[str, EnvVar] = {}
-    if env.torch_version:
-        wanted["SM_DLC_TORCH_VERSION"] = EnvVar(
-            env.torch_version, "as the DLC's PyTorch toolkit exports it (torch.__version__)"
-        )
-    if job_name:
-        wanted["SAGEMAKER_JOB_NAME"] = EnvVar(str(job_name), "transformers detects SageMaker")
-    wanted["CURRENT_HOST"] = EnvVar(topology.current_host, "SageMaker contract")
-    wanted["SM_CHECKPOINT_DIR"] = EnvVar(
-        str(env.base_dir / "checkpoints"), "where SageMaker syncs checkpoints with S3 (resume)"
-    )
-    wanted[UNBUFFERED[0]] = EnvVar(UNBUFFERED[1], "live logs: print reaches stdout at once")
-    wanted["PYTHONPATH"] = EnvVar(code.code_dir, "user modules importable, as the incumbent")
-    wanted[PROGRESS_ENV] = EnvVar(
-        str(RunDir.of(env.base_dir).progress),
-        "touch it (or call container_entry.hang.report_progress()) to count as output for "
-        + (f"HANG_TIMEOUT ({knobs.hang_timeout:g} s)" if knobs.hang_timeout else "HANG_TIMEOUT"),
-    )
-    return wanted
 
 
 def _defaults(env: Environment, topology: Topology, gpu: gpus.GpuCount, nproc: str) -> Defaults:
@@ -381,25 +260,15 @@ def build_plan(env: Environment) -> Plan:
     launcher = torchrun.Torchrun(env.torch_version or "0.0")
     problems = [*gpu.problems, *code_problems, *_torch_problems(env, launcher)]
     decision = _launch_decision(env, topology, knobs, hps, code, script)
-    if decision.mode is LaunchMode.ONCE:
-        launch = torchrun.once_launch(launcher, env.python, topology, knobs, knobs.master_port)
-    else:
-        launch = torchrun.launch(
-            launcher,
-            env.environ,
-            env.python,
-            topology,
-            knobs,
-            gpu,
-            job_name,
-            processes=_processes(env, hps),
-        )
+    launch = _launch(env, topology, knobs, hps, gpu, job_name, launcher, decision)
     defaults = _defaults(env, topology, gpu, launch.nproc)
     wanted = {
-        **_sm_env(env, topology, hps, user_args, program, code, gpu),
-        **_bootstrap_env(env, topology, knobs, code, job_name),
+        **script_env.sm_variables(
+            env, topology, hps, user_args, program, script_env.world_master(decision, topology)
+        ),
+        **script_env.bootstrap_variables(env, topology, knobs, code, job_name),
         **(
-            _once_env(env, topology)
+            script_env.once_variables(env, topology, hps)
             if decision.mode is LaunchMode.ONCE
             else {name: EnvVar(value, reason) for name, (value, reason) in defaults.env.items()}
         ),
@@ -412,7 +281,7 @@ def build_plan(env: Environment) -> Plan:
     kept = {k for k in wanted if k in env.environ} | {*launch.pet_kept, *defaults.user_aliases}
     command = (script, *user_args)
     child_env = {**env.environ, **{k: v.value for k, v in added.items()}}
-    oversized = _oversized(child_env, command, env.arg_max, hps.user)
+    oversized = limits.oversized(child_env, command, env.arg_max, hps.user)
     preflight = decision.mode is LaunchMode.DDP and (
         knobs.preflight == "true" or (knobs.preflight == "auto" and topology.nnodes > 1)
     )
@@ -446,6 +315,26 @@ def build_plan(env: Environment) -> Plan:
         boot_id=env.boot_id,
         sdk=env.sdk,
         launch=decision,
+    )
+
+
+def _launch(
+    env: Environment,
+    topology: Topology,
+    knobs: Settings,
+    hps: hyperparameters.Hyperparameters,
+    gpu: gpus.GpuCount,
+    job_name: object,
+    launcher: torchrun.Torchrun,
+    decision: LaunchDecision,
+) -> torchrun.Launch:
+    """torchrun's command line: one slot for the entry point once on this host, else the
+    workers of this host's world."""
+    if decision.mode is LaunchMode.ONCE:
+        return torchrun.once_launch(launcher, env.python, topology, knobs, knobs.master_port)
+    asked = _processes(env, hps)
+    return torchrun.launch(
+        launcher, env.environ, env.python, topology, knobs, gpu, job_name, processes=asked
     )
 
 

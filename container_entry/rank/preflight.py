@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from container_entry.plan.environment import read_efa_devices
+from container_entry.plan.machine import read_efa_devices
 from container_entry.rank.preflight_checks import (
     PreflightError,
     bus_bandwidth,

@@ -172,7 +172,7 @@ def test_a_rank_printing_the_sm_variables_the_plan_and_dry_run_show_no_form_of_a
     shown_hps = json.loads(lines["SM_HPS"])
     assert shown_hps["hf_token"] == shown_hps["db_password"] == shown_hps["my_api_key"] == MASK
     assert shown_hps["wandb"] == {"api_key": MASK, "project": "visible-project"}
-    assert json.loads(lines["SM_TRAINING_ENV"])["hps"] == shown_hps
+    assert json.loads(lines["SM_TRAINING_ENV"])["hyperparameters"] == shown_hps
     args = json.loads(lines["SM_USER_ARGS"])
     assert args[args.index("--hf_token") + 1] == MASK
     assert json.loads(lines["SM_HP_WANDB"]) == {"api_key": MASK, "project": "visible-project"}

@@ -28,6 +28,7 @@ def make_env(**overrides: Any) -> Environment:
         "input_data_config": {"train": {"TrainingInputMode": "File"}},
         "nvidia_smi": None,
         "cpu_count": 8,
+        "all_cpus": 8,
         "hostname": "container-abc",
         "python": "/opt/venv/bin/python",
         "torch_version": "2.9.0",

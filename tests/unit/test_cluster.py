@@ -40,7 +40,8 @@ HETERO = {
             "algo-1",
             "eth0",
         ),
-        (HETERO, ("algo-1", "algo-2", "algo-3", "algo-4"), 2, "algo-1", "eth1"),
+        # each instance group its own world (no group key): algo-3 is rank 1 of workers'
+        (HETERO, ("algo-1", "algo-2", "algo-3", "algo-4"), 1, "algo-4", "eth1"),
         # optional fields missing: no hosts list, only groups; no interface name
         (
             {
@@ -63,15 +64,18 @@ def test_sagemaker_topology(config, hosts, rank, master, iface):
 
 
 def test_every_host_of_a_heterogeneous_cluster_agrees_on_ranks():
+    """Without a group key each instance group is a world of its own, its hosts in the file's
+    order; one side channel for the job, served by the first largest world's master."""
     ranks = {}
     for host in HETERO["hosts"]:
         topology = resolve_topology(make_env(resource_config={**HETERO, "current_host": host}))
-        ranks[host] = (topology.node_rank, topology.master_addr)
+        ranks[host] = (topology.world, topology.node_rank, topology.master_addr)
+        assert topology.coordinator == "algo-4" and topology.hosts == tuple(HETERO["hosts"])
     assert ranks == {
-        "algo-1": (0, "algo-1"),
-        "algo-2": (1, "algo-1"),
-        "algo-3": (2, "algo-1"),
-        "algo-4": (3, "algo-1"),
+        "algo-1": (("algo-2", "algo-1"), 1, "algo-2"),
+        "algo-2": (("algo-2", "algo-1"), 0, "algo-2"),
+        "algo-3": (("algo-4", "algo-3"), 1, "algo-4"),
+        "algo-4": (("algo-4", "algo-3"), 0, "algo-4"),
     }
 
 

@@ -186,7 +186,7 @@ def _sm(name: str) -> Callable[[str], str]:
 
         hps = {"hf_token": value, "wandb": {"api_key": value, "project": "p"}, "epochs": 3}
         args = ["--hf_token", value, "--epochs", "3"]
-        values = {"hps": hps, "user_args": args, "training_env": {"hps": hps, "user_args": args}}
+        values = {"hps": hps, "user_args": args, "training_env": {"hyperparameters": hps}}
         return mapping.to_env_vars(values)[name]
 
     return show
@@ -382,7 +382,7 @@ def test_the_plan_shows_no_form_of_any_secret(cli):
         hps = json.loads(env["SM_HPS"])
         assert hps["hf_token"] == hps["db_password"] == MASK
         assert hps["wandb"] == {"api_key": MASK, "project": "visible-project"}
-        assert json.loads(env["SM_TRAINING_ENV"])["hps"] == hps
+        assert json.loads(env["SM_TRAINING_ENV"])["hyperparameters"] == hps
         assert args[args.index("--hf_token") + 1] == MASK
         assert "api_key=****,project=visible-project" in args
     else:

@@ -58,6 +58,7 @@ def topology(hosts, current, coordinated=True) -> Topology:
         node_rank=list(hosts).index(current),
         master_addr=hosts[0] if len(hosts) > 1 else "127.0.0.1",
         coordinated=coordinated,
+        world=tuple(hosts),
     )
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from container_entry.common import shm
-from container_entry.plan.environment import (
+from container_entry.plan.machine import (
     read_efa_devices,
     read_efa_software,
     read_nccl_conf,
