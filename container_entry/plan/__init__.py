@@ -7,8 +7,9 @@ cluster source, each with its `detect()`), `code_source` (which script, from whe
 (how many, from nvidia-smi's text), `hyperparameters` (every encoding, rendered as the
 incumbent does), `settings` (the bootstrap's own, typed), `contract` (the SM_* variables),
 `worker_defaults` (thread, NCCL, EFA and flight-recorder defaults), `torchrun` (what the
-installed launcher accepts, its command line) and `sdk_driver` (SageMaker SDK v3's own start,
-judged).
+installed launcher accepts, its command line), `sdk_driver` (SageMaker SDK v3's own start,
+judged) and `launchers` (whether the entry point launches workers of its own, from its code:
+`shell_words` and `shell_commands` read shell scripts, `python_calls` Python ones).
 
 May import: common, diagnose (the watchdog's thresholds, for the plan's summary).
 """
