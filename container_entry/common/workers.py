@@ -66,6 +66,20 @@ def signal_tree(pid: int, sig: signal.Signals, done: set[int] | None = None) -> 
             done.add(group)
 
 
+def stop_launched(pid: int, sig: signal.Signals, done: set[int]) -> None:
+    """A stop for a tree of processes the user's own launcher started (the entry point once on
+    its host, SDK v3's start as it is): `sig` to every process below `pid`, and to `pid`, that
+    handles it or has no child; a launcher that would die of it (no handler) while its workers
+    still run is left to end with them, as a launcher waits for its workers. (Its death would
+    cut their checkpoint: torch.multiprocessing.spawn's workers get SIGINT when their parent
+    dies.) Each process once (`done`: the pids already signalled, kept across calls)."""
+    for process in [pid, *descendants(pid)]:
+        if process not in done and (catches(process, sig) or not children(process)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(process, sig)
+            done.add(process)
+
+
 def childless(pid: int) -> bool:
     """Running, with no live child process (from /proc: no wait, no reaping)."""
     return not exited(pid) and not children(pid)

@@ -161,6 +161,11 @@ def permanent(record: RankRecord) -> str | None:
     return None
 
 
+def failed_one(record: RankRecord) -> str:
+    """What failed, as a short subject: `rank 3`, or the entry point run once on its host."""
+    return record.once or f"rank {record.rank}"
+
+
 def describe_rank(record: RankRecord, restarts_allowed: bool = False) -> str:
     """'rank 3 (local 1) on algo-2: exit code 1: ValueError: planted'."""
     if record.rank is None:  # no rank's failure: the bootstrap's own, or a host that vanished

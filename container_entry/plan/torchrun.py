@@ -187,6 +187,9 @@ def once_launch(
     other port the user's own launcher may take, no restarts. Every flag is on the command
     line, so the PET_* variables meant for the user's launcher never steer ours."""
     flag_argv = ["--standalone", "--nnodes", "1", "--nproc-per-node", "1", "--max-restarts", "0"]
+    # the rendezvous never leaves this host: its store is reached on loopback, never through
+    # this machine's own name (which need not resolve: a container's, a SageMaker host's)
+    flag_argv += ["--local-addr", "127.0.0.1"]
     for flag, value in _stop_flags(launcher, knobs).items():
         flag_argv += [f"--{flag}", value]
     reason = "once per host: the entry point starts its workers itself"

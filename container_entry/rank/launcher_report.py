@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 
 from container_entry.common.exits import signal_name
+from container_entry.common.records import PEER_GONE
 from container_entry.common.text import TRACEBACK
 from container_entry.rank.rank_end import parse_exception
 
@@ -28,7 +29,9 @@ LAUNCHER_ERRORS = frozenset(
         "SignalException",
     }
 )
-_RANK_PREFIX = re.compile(r"^\[rank\d+\]: ")
+# what launchers put before a worker's lines: torch's excepthook (`[rank1]: `), and the log
+# line head with which torch's elastic agent prints a function worker's traceback
+_PREFIX = re.compile(r"^(\[rank\d+\]: |[EWIF]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+:\d+\] )")
 _ROOT_CAUSE = "Root Cause (first observed failure):"
 _FIELD = re.compile(r"^\s*(rank|exitcode|host)\s*:\s*(.*)$")
 _RANK = re.compile(r"^(\d+) \(local_rank: (\d+)\)")
@@ -37,8 +40,9 @@ _RAISED = re.compile(r"^-- Process (\d+) terminated with the following error:")
 _EXITED = re.compile(r"process (\d+) terminated with (exit code (-?\d+)|signal (\w+))")
 
 
-def _torchrun_root_cause(lines: list[str]) -> str | None:
-    """The first observed failure of torchrun's report, in words."""
+def _torchrun_root_cause(lines: list[str]) -> tuple[str, str] | None:
+    """The first observed failure of torchrun's report, in words, and its global rank. (Its
+    host is the machine's own name, not the job's host name: left out.)"""
     starts = [i for i, line in enumerate(lines) if line.strip() == _ROOT_CAUSE]
     if not starts:
         return None
@@ -51,12 +55,10 @@ def _torchrun_root_cause(lines: list[str]) -> str | None:
     if rank is None:
         return None
     words = f"worker rank {rank.group(1)} (local {rank.group(2)})"
-    if fields.get("host"):
-        words += f" on {fields['host']}"
     if code is not None:
         number = int(code.group(1))
         words += f": {f'signal {signal_name(-number)}' if number < 0 else f'exit code {number}'}"
-    return words
+    return words, rank.group(1)
 
 
 def _spawned(lines: list[str]) -> str | None:
@@ -72,20 +74,31 @@ def _spawned(lines: list[str]) -> str | None:
     return None
 
 
-def _worker_exception(lines: list[str]) -> dict[str, str] | None:
-    """The last exception in the output that is not a launcher's about its workers."""
-    plain = [_RANK_PREFIX.sub("", line) for line in lines]
+def _worker_exception(lines: list[str], rank: str | None) -> dict[str, str] | None:
+    """The exception of worker `rank` where torch tagged its lines (`[rank1]: `, torch's
+    excepthook), else the last one in the output that is no launcher's about its workers, one
+    that names no broken connection (a consequence) before one that does."""
+    tag = f"[rank{rank}]: "
+    own = [line[len(tag) :] for line in lines if rank is not None and line.startswith(tag)]
+    found = parse_exception(own) if own else None
+    if found:
+        return found
+    plain = [_PREFIX.sub("", line) for line in lines]
     headers = [i for i, line in enumerate(plain) if line.startswith(TRACEBACK)]
-    ends = [*headers[1:], len(plain)]
-    for start, end in reversed(list(zip(headers, ends, strict=True))):
-        found = parse_exception(plain[start:end])
-        if found and found["type"].rsplit(".", 1)[-1] not in LAUNCHER_ERRORS:
-            return found
-    return None
+    ends = [*headers[1:], len(plain)][: len(headers)]
+    candidates = [
+        parse_exception(plain[start:end]) for start, end in zip(headers, ends, strict=True)
+    ]
+    workers = [c for c in candidates if c and c["type"].rsplit(".", 1)[-1] not in LAUNCHER_ERRORS]
+    causes = [c for c in workers if not any(w in c.get("message", "") for w in PEER_GONE)]
+    chosen = causes or workers
+    return chosen[-1] if chosen else None
 
 
 def worker_failure(lines: list[str]) -> tuple[str | None, dict[str, str] | None]:
     """(which worker failed, in words; its exception) from a launcher's output, each None where
     the output does not say."""
-    worker = _torchrun_root_cause(lines) or _spawned(lines)
-    return worker, _worker_exception(lines)
+    root = _torchrun_root_cause(lines)
+    if root is not None:
+        return root[0], _worker_exception(lines, root[1])
+    return _spawned(lines), _worker_exception(lines, None)

@@ -208,6 +208,9 @@ def stopped_ranks(run: Observed) -> str:
     if not run.launched and not run.results:  # no rank announced itself or left a record
         return "the stop came before any rank started"
     if exited and len(exited) == total:
+        once = exited[0].once if total == 1 else None
+        if once:  # the entry point once on this host: it and its own workers
+            return f"{once} and what it started exited within {slowest:.1f} s"
         return f"all {total} local ranks exited within {slowest:.1f} s"
     return in_time
 

@@ -34,7 +34,13 @@ from container_entry.common.records import Command, RankRecord, read_json, shown
 from container_entry.common.stopping import Stop
 from container_entry.common.workers import Workers, childless, reap_orphans
 from container_entry.diagnose import culprit, gpu_memory
-from container_entry.diagnose.failure import is_collective_timeout, is_cuda_oom, summarized, words
+from container_entry.diagnose.failure import (
+    failed_one,
+    is_collective_timeout,
+    is_cuda_oom,
+    summarized,
+    words,
+)
 from container_entry.diagnose.hang import PROGRESS_ENV, Activity
 from container_entry.hosts import Member
 from container_entry.plan.plan import Plan
@@ -225,7 +231,8 @@ class Supervisor:
             self._note_the_stop(ending)
             grace = self.settings.stop_grace_period
             cause = words(record) if ending.kind is Kind.PEER_STOPPED and record else None
-            return Stopping(*parts, grace, self.control, self.peers_running, cause)
+            once = self.plan.once
+            return Stopping(*parts, grace, self.control, self.peers_running, cause, once)
         if ending.kind is Kind.HUNG:
             assert record is not None
             message = f"{record.what}: recording stacks, stopping this host's workers"
@@ -235,7 +242,7 @@ class Supervisor:
             record = self._with_gpu_memory(record)
             self.ending = Ending(Kind.FAILED, record)
             message = (
-                f"rank {record.rank} on {record.host} failed: stopping this host's workers "
+                f"{failed_one(record)} on {record.host} failed: stopping this host's workers "
                 "and telling the other hosts"
             )
             tell = self._teller(record)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from container_entry.common.layout import ControlDir, RunDir
 from container_entry.common.logs import log
-from container_entry.common.workers import Workers, children, signal_tree
+from container_entry.common.workers import Workers, children, signal_tree, stop_launched
 from container_entry.diagnose import flight_recorder
 from container_entry.diagnose.culprit import ranges
 from container_entry.supervise.ending import Observed
@@ -136,13 +136,17 @@ class Stopping(Teardown):
         control: ControlDir,
         peers_running: Callable[[], bool] | None = None,
         stopped: str | None = None,
+        once: bool = False,
     ) -> None:
         super().__init__(process, workers, observed)
         self.grace = grace
         self.control = control
         self.stopped = stopped  # another host's stop, in words; None: this host's own
         self.peers_running = peers_running  # the master's: its torchrun hosts the job's store
-        self.signalled: set[int] = set()  # process groups signalled (workers', theirs)
+        # the entry point once on this host: its launcher's processes are stopped one by one
+        # (common.workers.stop_launched), else every worker's process groups
+        self.deliver = stop_launched if once else signal_tree
+        self.signalled: set[int] = set()  # process groups, or processes, signalled
         self.delivering = True
         self.waiting_for_peers = False
 
@@ -166,7 +170,7 @@ class Stopping(Teardown):
         sig = signal.Signals[self.observed.stop_signal or "SIGTERM"]
         running = children(self.process.pid)
         for wrapper in running:  # and what it started in groups of its own, as they appear
-            signal_tree(wrapper, sig, self.signalled)
+            self.deliver(wrapper, sig, self.signalled)
         if running:
             return
         if self.peers_running is not None and now < self.deadline and self.peers_running():

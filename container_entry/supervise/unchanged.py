@@ -4,10 +4,11 @@ for MPI, the model-parallel library, XLA).
 
 The bootstrap stays PID 1 and runs it as its child, in a process group of its own: PID 1 bash
 or Python would drop a stop (SageMaker then kills the job 120 s later with no checkpoint).
-A stop is sent to that whole group and to every group below it (what it started in sessions
-of its own), which then has STOP_GRACE_PERIOD to exit before SIGKILL; the job exits 128+N with
-a failure file. Otherwise the child's own exit status is the job's, and its own success or
-failure file stands.
+A stop is sent to each of its processes that handles it or has no child (a shell or launcher
+that would die of it is left to end with its workers: common.workers.stop_launched), which then
+have STOP_GRACE_PERIOD to exit before SIGKILL; the job exits 128+N with a failure file.
+Otherwise the child's own exit status is the job's, and its own success or failure file
+stands.
 """
 
 from __future__ import annotations
@@ -22,7 +23,12 @@ from collections.abc import Mapping, Sequence
 from container_entry.common.exits import of_returncode, stopped_exit_code
 from container_entry.common.logs import log
 from container_entry.common.stopping import Stop
-from container_entry.common.workers import descendants, groups_below, reap_adopted, signal_tree
+from container_entry.common.workers import (
+    descendants,
+    groups_below,
+    reap_adopted,
+    stop_launched,
+)
 from container_entry.supervise.outcome import Outcome
 
 POLL_SECONDS = 0.5
@@ -68,7 +74,7 @@ def run_unchanged(
                 log(f"{stop.signal}: sent to {what} (its processes have {grace:g} s)")
                 sent = time.monotonic()
             if sent is not None:
-                signal_tree(child.pid, signal.Signals[stop.signal or "SIGTERM"], signalled)
+                stop_launched(child.pid, signal.Signals[stop.signal or "SIGTERM"], signalled)
                 if child.returncode is not None and not _alive(child.pid):
                     break
                 if time.monotonic() - sent > grace:

@@ -50,6 +50,9 @@ class Cluster:
     command: list[str] | None = field(default_factory=lambda: ["train"])
     interface: str = "eth0"
     shm_size: str | None = "1g"  # None: docker's own default (64 MiB)
+    # instance groups in the file's order: (name, its hosts as listed); empty: one group of
+    # every host, as SageMaker writes a homogeneous job's file
+    groups: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def tree(self, host: str) -> Path:
         return self.root / host / "ml"
@@ -58,17 +61,20 @@ class Cluster:
         base = self.tree(host)
         config = base / "input" / "config"
         config.mkdir(parents=True, exist_ok=True)
+        groups = self.groups or (("homogeneousCluster", tuple(reversed(self.hosts))),)
+        current = next(name for name, members in groups if host in members)
         resource = {
             "current_host": host,
             "current_instance_type": "ml.c5.xlarge",
-            "current_group_name": "homogeneousCluster",
+            "current_group_name": current,
             "hosts": list(self.hosts),
             "instance_groups": [
                 {
-                    "instance_group_name": "homogeneousCluster",
+                    "instance_group_name": name,
                     "instance_type": "ml.c5.xlarge",
-                    "hosts": list(reversed(self.hosts)),
+                    "hosts": list(members),
                 }
+                for name, members in groups
             ],
             "network_interface_name": self.interface,
         }

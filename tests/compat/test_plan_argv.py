@@ -33,6 +33,15 @@ SHAPES = {
         "hyperparameters": {"container_entry_max_restarts": "2", "sagemaker_job_name": '"j"'},
     },
     "one-host-restarts": {"environ": {"SAGEMAKER_PROGRAM": "t.py", "PET_MAX_RESTARTS": "1"}},
+    # the entry point once per host: one slot on a port of the kernel's, whatever PET_* say
+    "once-per-host": {
+        "resource_config": TWO_HOSTS,
+        "environ": {
+            "SAGEMAKER_PROGRAM": "run.sh",
+            "CONTAINER_ENTRY_LAUNCH": "once",
+            "PET_NPROC_PER_NODE": "4",
+        },
+    },
     "torchrun-env": {
         "resource_config": None,
         "cli_args": ("t.py",),
@@ -60,7 +69,9 @@ def _check(version: str, argv: tuple[str, ...]) -> argparse.Namespace:
     assert not isinstance(namespace, str), f"torch {version} rejects {argv[3:]}: {namespace}"
     assert namespace.module and namespace.training_script == torchrun.WORKER_MODULE
     assert namespace.training_script_args == []
-    flags = dict(zip(argv[3:-2:2], argv[4:-2:2], strict=True))
+    options = [a for a in argv[3:-2] if a != "--standalone"]  # the one switch without a value
+    assert ("--standalone" in argv) == bool(namespace.standalone)
+    flags = dict(zip(options[0::2], options[1::2], strict=True))
     for flag, value in flags.items():
         assert str(getattr(namespace, flag[2:].replace("-", "_"))) == value, flag
     return namespace
