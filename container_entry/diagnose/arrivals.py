@@ -18,6 +18,7 @@ a host and 14 MiB at the master (tests/unit/test_stragglers.py measures both).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
@@ -30,6 +31,7 @@ from container_entry.diagnose.culprit import Call, calls_of, groups_of
 LIMIT = 64  # collectives a rank sends per group and interval: plenty for a median and a share
 MAX_GROUPS = 8  # groups a rank sends (the most recently active): DP, TP, PP, EP, CP and more
 RANK_BUDGET = 7 * 1024  # bytes of a rank's summary: 8 of them in one 64 KiB side-channel line
+MAX_RANKS = 1 << 20  # members a received group may list (its ranges unrolled)
 
 
 def on_master_clock(seconds: float, offset_seconds: float) -> float:
@@ -121,7 +123,12 @@ def _group_from(data: Mapping[str, Any]) -> Arrivals:
     durations = tuple(None if d is None else float(d) / 1e6 for d in data.get("dur") or ())
     if len(entered) != len(seqs) or (durations and len(durations) != len(seqs)):
         raise ValueError("lists of different lengths")
-    ranks = tuple(r for start, stop, step in data["ranks"] for r in range(start, stop, step))
+    if any(b <= a for a, b in itertools.pairwise(seqs)):
+        raise ValueError("sequence numbers not increasing")
+    runs = [range(start, stop, step) for start, stop, step in data["ranks"]]
+    if sum(len(run) for run in runs) > MAX_RANKS:
+        raise ValueError(f"a group of more than {MAX_RANKS} ranks")
+    ranks = tuple(r for run in runs for r in run)
     return Arrivals(str(data["name"]), str(data["desc"]), ranks, seqs, entered, durations)
 
 
@@ -245,7 +252,8 @@ def merge(held: RankArrivals | None, new: RankArrivals, keep: int = 4 * LIMIT) -
     for group in new.groups:
         before = old.pop(group.name, None)
         entries = group.entries()
-        if before is not None and before.seqs and group.seqs[-1] >= before.seqs[-1]:
+        made_anew = before and before.seqs and group.seqs and group.seqs[-1] < before.seqs[-1]
+        if before is not None and not made_anew:
             entries = {**before.entries(), **entries}
         seqs = sorted(entries)[-keep:]
         timed = any(entries[s][1] is not None for s in seqs)

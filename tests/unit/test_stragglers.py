@@ -253,8 +253,31 @@ def test_summaries_and_tables_survive_json():
         assert new.groups[0].ranks == (0, 1, 2, 3) and new.gpu == old.gpu
     table = analyse(again)
     assert Table.from_json(json.loads(json.dumps(table.to_json()))) == table
-    with pytest.raises(ValueError):
-        RankArrivals.from_json({"rank": 1, "groups": [{"seq": "x"}]})
+    sent = json.loads(encoded(rows[0]))
+    for broken in (
+        {"rank": 1, "groups": [{"seq": "x"}]},
+        {**sent, "groups": [{**sent["groups"][0], "seq": [5, -1, *sent["groups"][0]["seq"][2:]]}]},
+        {**sent, "groups": [{**sent["groups"][0], "ranks": [[0, 10**9, 1]]}]},
+        {**sent, "groups": [{**sent["groups"][0], "us": [1]}]},
+    ):
+        with pytest.raises(ValueError):
+            RankArrivals.from_json(broken)
+
+
+def test_the_master_keeps_what_each_rank_sent_until_every_member_has_reported_it():
+    def sent(seqs, group=DEFAULT):
+        data = dump([record(s, T0 + s, group) for s in seqs])
+        return summarize(0, 0, "algo-1", data, None, limit=1000)
+
+    held = merge(None, sent(range(1, 11)))
+    held = merge(held, sent(range(11, 16)))
+    assert held.groups[0].seqs == tuple(range(1, 16))
+    assert merge(held, sent(range(11, 16)), keep=4).groups[0].seqs == (12, 13, 14, 15)
+    tp = ("5", "tensor_parallel")
+    both = merge(held, sent(range(1, 3), tp))  # a group this interval did not send is kept
+    assert [(g.name, g.seqs[-1]) for g in both.groups] == [("0", 15), ("5", 2)]
+    anew = merge(held, sent(range(1, 4)))  # counted from 1 again: the group was made anew
+    assert anew.groups[0].seqs == (1, 2, 3)
 
 
 def worst_case_dump():
