@@ -66,18 +66,39 @@ def signal_tree(pid: int, sig: signal.Signals, done: set[int] | None = None) -> 
             done.add(group)
 
 
+def _cmdline(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def _workers_die_with(pid: int) -> bool:
+    """`pid` started workers through Python's multiprocessing (spawn or forkserver children
+    carry `--multiprocessing-fork`; forked ones its own command line): torch's
+    (`torch.multiprocessing.spawn`, `start_processes`) get SIGINT when their parent dies."""
+    own = _cmdline(pid)
+    for child in children(pid):
+        argv = _cmdline(child)
+        if b"--multiprocessing-fork" in argv or (argv and argv == own):
+            return True
+    return False
+
+
 def stop_launched(pid: int, sig: signal.Signals, done: set[int]) -> None:
     """A stop for a tree of processes the user's own launcher started (the entry point once on
-    its host, SDK v3's start as it is): `sig` to every process below `pid`, and to `pid`, that
-    handles it or has no child; a launcher that would die of it (no handler) while its workers
-    still run is left to end with them, as a launcher waits for its workers. (Its death would
-    cut their checkpoint: torch.multiprocessing.spawn's workers get SIGINT when their parent
-    dies.) Each process once (`done`: the pids already signalled, kept across calls)."""
+    its host, SDK v3's start as it is): `sig` to `pid` and every process below it, but a
+    launcher that has no handler for it and whose workers would die with it: their
+    checkpoint would be cut (torch.multiprocessing.spawn's workers get SIGINT when their parent
+    dies); it ends with them, as a launcher waits for its workers. A shell dies of it, as
+    before; what it started goes on to the end of its own handler. Each process once (`done`:
+    the pids already signalled, kept across calls, so one that appears later gets it too)."""
     for process in [pid, *descendants(pid)]:
-        if process not in done and (catches(process, sig) or not children(process)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(process, sig)
-            done.add(process)
+        if process in done or (not catches(process, sig) and _workers_die_with(process)):
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(process, sig)
+        done.add(process)
 
 
 def childless(pid: int) -> bool:

