@@ -78,7 +78,7 @@ def _internal_error(command: str, error: BaseException) -> int:
     import traceback
 
     from container_entry.common.layout import RunDir
-    from container_entry.common.logs import log, redact
+    from container_entry.common.logs import log, masked_text
     from container_entry.plan.environment import base_dir_from
     from container_entry.supervise.outcome import Outcome
 
@@ -88,7 +88,7 @@ def _internal_error(command: str, error: BaseException) -> int:
     path = folder.internal_error(int(time.time()))
     with contextlib.suppress(OSError):
         folder.path.mkdir(parents=True, exist_ok=True)
-        text = redact("".join(traceback.format_exception(error)))  # uploaded with the output
+        text = masked_text("".join(traceback.format_exception(error)))  # uploaded with the output
         path.write_text(text, encoding="utf-8", errors=register())
     shown = escaped(str(path))
     log(f"{what} (a defect of container-entry; traceback in {shown})")
@@ -161,7 +161,7 @@ def train_command(cli_args: Sequence[str], sdk: SdkJob | None = None) -> int:
 
             stop.install()  # takes over from record_early: a stop noted there raises here
             stop.check()
-            return train(args, stop, sdk=sdk, torchrun=torchrun)
+            return train(args, stop, torchrun, sdk=sdk)
         finally:
             torchrun.discard()  # never launched (a failure, a stop, a dry run): ended
 

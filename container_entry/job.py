@@ -26,7 +26,7 @@ from container_entry.diagnose import culprit
 from container_entry.diagnose.failure import is_collective_timeout, summarized
 from container_entry.hosts import SETTLE_SECONDS, PeerFailure, network
 from container_entry.hosts.session import Session, session_key
-from container_entry.plan.code_source import Kind as CodeKind
+from container_entry.plan.code_source import CodeKind
 from container_entry.plan.environment import (
     Environment,
     base_dir_from,
@@ -38,11 +38,10 @@ from container_entry.plan.plan import Plan, build_plan
 from container_entry.plan.sdk_driver import SdkJob
 from container_entry.rank.torch_gpus import check_visible_gpus
 from container_entry.supervise import user_code
-from container_entry.supervise.ending import Ending, Kind, Observed, verdict
+from container_entry.supervise.ending import Ending, EndingKind, Observed, verdict
 from container_entry.supervise.outcome import Outcome
 from container_entry.supervise.prestart import Prestarted
 from container_entry.supervise.supervisor import Supervisor
-from container_entry.supervise.torchrun_process import child_environment
 from container_entry.supervise.unchanged import run_unchanged
 
 # for the master's final word on which failure was the job's first: it comes once every host
@@ -86,7 +85,7 @@ class Job:
         stop: Stop,
         *,
         key: bytes = b"",
-        torchrun: Prestarted | None = None,
+        torchrun: Prestarted,
         env: Environment | None = None,
     ) -> None:
         self.plan = plan
@@ -96,14 +95,8 @@ class Job:
         self.stop = stop
         self.session = Session(plan, key)  # the side channel (key: hosts.session.session_key)
         self.run_dir = RunDir.of(base)
-        self.torchrun = torchrun  # started by the cli before the plan existed, or by prestart()
+        self.torchrun = torchrun  # started by the cli before the plan existed
         self.succeeded = False
-
-    def prestart(self) -> None:
-        """torchrun's interpreter imports torch while this host joins and prepares."""
-        if self.torchrun is None:
-            env = child_environment(self.plan, self.environ)
-            self.torchrun = Prestarted(self.plan.argv[0], env)
 
     def prepare(self) -> None:
         plan = self.plan
@@ -145,7 +138,6 @@ class Job:
         log(f"preflight: {checks}; all_reduce across {hosts} host{'s' * (hosts > 1)}")
 
     def execute(self, outcome: Outcome) -> int:
-        self.prestart()
         self.plan = self.session.join()
         self.prepare()
         self.announce_preflight()
@@ -176,7 +168,7 @@ class Job:
             return result.exit_code
         log(f"failed: {result.reason}")
         stop = self.stop
-        mine = ending.kind is Kind.STOPPED and stop.signal is not None
+        mine = ending.kind is EndingKind.STOPPED and stop.signal is not None
         told = (stop.signal or "", stop.at) if mine else None  # a stop has a moment
         self.session.post_failure(result.reason, result.exit_code, told)  # unless posted
         ranks = {str(rank): record.to_json() for rank, record in sorted(run.results.items())}
@@ -194,7 +186,7 @@ class Job:
         earliest = min(own, key=lambda r: r.began or float("inf"), default=None)
         if member is None or member.lost_master:
             return self._earliest_of_this_host(ending, earliest)
-        if ending.kind not in (Kind.FAILED, Kind.PEER_FAILED):
+        if ending.kind not in (EndingKind.FAILED, EndingKind.PEER_FAILED):
             # a hang or a stop: its verdict (posted later) has no start to order it by, so it
             # never takes the place of a decided failure; the others need not wait for it
             member.settle()
@@ -206,20 +198,20 @@ class Job:
         if first is None:
             return ending
         mine = first.host == self.plan.topology.current_host and first.rank in run.results
-        return Ending(Kind.FAILED if mine else Kind.PEER_FAILED, first)
+        return Ending(EndingKind.FAILED if mine else EndingKind.PEER_FAILED, first)
 
     @staticmethod
     def _earliest_of_this_host(ending: Ending, earliest: RankRecord | None) -> Ending:
         """One host: the failure decided at the first look is the first record to arrive; a
         rank whose failure began earlier may end later (its exit teardown outlasts its peers'
         errors about it), so the earliest to begin among every record, once all are in."""
-        if ending.kind is not Kind.FAILED or ending.record is None or earliest is None:
+        if ending.kind is not EndingKind.FAILED or ending.record is None or earliest is None:
             return ending
         if earliest.rank == ending.record.rank or (earliest.began or 0) >= (
             ending.record.began or float("inf")
         ):
             return ending  # keeps what the first look added (a CUDA OOM's memory holders)
-        return Ending(Kind.FAILED, earliest)
+        return Ending(EndingKind.FAILED, earliest)
 
     def _explain(self, ending: Ending) -> Ending:
         """A hang's first line, or a collective timeout's, names its culprit where the ranks'
@@ -228,8 +220,11 @@ class Job:
         record = ending.record
         if record is None:
             return ending
-        timed_out = ending.kind in (Kind.FAILED, Kind.PEER_FAILED) and is_collective_timeout(record)
-        if ending.kind is not Kind.HUNG and not timed_out:
+        timed_out = ending.kind in (
+            EndingKind.FAILED,
+            EndingKind.PEER_FAILED,
+        ) and is_collective_timeout(record)
+        if ending.kind is not EndingKind.HUNG and not timed_out:
             return ending
         member = self.session.member
         if member is None:
@@ -242,19 +237,18 @@ class Job:
         if timed_out:
             return replace(ending, culprit=found)
         what = culprit.explained(record.what or "hung", found)
-        return Ending(Kind.HUNG, replace(record, what=what))
+        return Ending(EndingKind.HUNG, replace(record, what=what))
 
     def finish(self) -> None:
-        if self.torchrun:  # never launched: the job ended before (a failure, a stop)
-            self.torchrun.discard()
+        self.torchrun.discard()  # never launched: the job ended before (a failure, a stop)
         self.session.close(self.succeeded)
 
 
 def train(
     cli_args: Sequence[str],
     stop: Stop,
+    torchrun: Prestarted,
     sdk: SdkJob | None = None,
-    torchrun: Prestarted | None = None,
 ) -> int:
     """Resolve, join, prepare, launch; every outcome leaves a success or failure file. `sdk`:
     SageMaker SDK v3's start, taken over (sdk_start); `torchrun`: its interpreter, already

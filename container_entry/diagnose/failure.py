@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from container_entry.common.exits import signal_name
 from container_entry.common.layout import RunDir
+from container_entry.common.logs import ours
 from container_entry.common.records import RankRecord
 from container_entry.common.shm import HINT as _SHM
 from container_entry.common.shm import read_bytes as read_shm_bytes
@@ -104,17 +105,20 @@ def _log_tail(path: str | None) -> str:
 
 
 def _evidence(record: RankRecord) -> str:
-    """Everything kept of how a rank ended: the exception, faulthandler's line, the stderr tail
-    and the tail of the rank's log (a NCCL timeout line sits above C++ frames and every
-    thread's stack, beyond the stderr tail)."""
+    """Everything kept of how a rank ended, as the script and its libraries printed it: the
+    exception, faulthandler's line, the stderr tail and the tail of the rank's log (a NCCL
+    timeout line sits above C++ frames and every thread's stack, beyond the stderr tail).
+    Never a line of ours (logs.ours): the preflight's /dev/shm warning names the very words a
+    hint looks for."""
+    log = "\n".join(line for line in _log_tail(record.log).splitlines() if not ours(line))
     return "\n".join(
         part
         for part in (
             (record.exception or {}).get("message"),
             record.fatal_error,
             record.last_words,
-            *record.stderr_tail,
-            _log_tail(record.log),
+            *(line for line in record.stderr_tail if not ours(line)),
+            log,
         )
         if part
     )

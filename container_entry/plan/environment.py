@@ -93,7 +93,7 @@ def base_dir_from(environ: Mapping[str, str]) -> Path:
     return Path(environ.get("SAGEMAKER_BASE_DIR") or DEFAULT_BASE_DIR)
 
 
-def read_json(path: Path) -> Any:
+def read_config(path: Path) -> Any:
     """Load a config file (a JSON object); any problem becomes one line naming the file."""
     try:
         data = path.read_bytes()
@@ -172,7 +172,7 @@ def _arg_max() -> int:
 
 
 def _optional_json(path: Path) -> dict[str, Any] | None:
-    return read_json(path) if path.exists() else None
+    return read_config(path) if path.exists() else None
 
 
 def _entries(path: Path) -> tuple[str, ...]:

@@ -1,10 +1,10 @@
 """How one host's run ends: one type, decided in one place, and the verdict it becomes. Pure.
 
-`decide` looks at what the supervisor saw (`Seen`) and names the ending (`Kind`, declared in
-priority order: where one look shows several, the first wins). The supervisor asks it at every
-look until it names one, then tears the ranks down the way that ending needs (teardown.py), and
-asks once more when torchrun exited on its own. `verdict` turns the ending and what the run
-left (`Observed`) into the exit code and the failure file's lines.
+`ending_of` looks at what the supervisor saw (`Seen`) and names the ending (`EndingKind`,
+declared in priority order: where one look shows several, the first wins). The supervisor asks
+it at every look until it names one, then tears the ranks down the way that ending needs
+(teardown.py), and asks once more when torchrun exited on its own. `verdict` turns the ending
+and what the run left (`Observed`) into the exit code and the failure file's lines.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from container_entry.diagnose.hang import hung_text, is_hang
 from container_entry.supervise.torchrun_output import USAGE_ERROR
 
 
-class Kind(enum.Enum):
+class EndingKind(enum.Enum):
     """How a run ends, in priority order."""
 
     STOPPED = "stopped"  # SIGTERM, SIGINT or SIGHUP reached this host's bootstrap
@@ -45,7 +45,7 @@ class Kind(enum.Enum):
 
 @dataclass(frozen=True)
 class Seen:
-    """What one look at the run shows: everything `decide` needs, nothing it must fetch."""
+    """What one look at the run shows: everything `ending_of` needs, nothing it must fetch."""
 
     stop_signal: str | None = None
     failures: tuple[RankRecord, ...] = ()  # this host's ranks that failed on their own
@@ -61,34 +61,34 @@ class Seen:
 
 @dataclass(frozen=True)
 class Ending:
-    kind: Kind
+    kind: EndingKind
     record: RankRecord | None = None  # the failure or hang verdict it names, if any
     master: str | None = None  # the lost master
     culprit: str | None = None  # a collective timed out: whom the ranks waited for (culprit.py)
 
 
-def decide(seen: Seen) -> Ending | None:
+def ending_of(seen: Seen) -> Ending | None:
     """The ending this look shows, the first kind in priority order; None: none yet."""
     if seen.stop_signal:
-        return Ending(Kind.STOPPED)
+        return Ending(EndingKind.STOPPED)
     failures = seen.failures
     # a failure that would repeat identically is not worth a restart (failure.permanent)
     if failures and (seen.restarts == 0 or seen.exited or any(map(permanent, failures))):
-        return Ending(Kind.FAILED, min(failures, key=lambda r: r.began or 0))
+        return Ending(EndingKind.FAILED, min(failures, key=lambda r: r.began or 0))
     if seen.lost_master is not None:
-        return Ending(Kind.LOST_MASTER, master=seen.lost_master)
+        return Ending(EndingKind.LOST_MASTER, master=seen.lost_master)
     if seen.relayed is not None and is_hang(seen.relayed):
-        return Ending(Kind.HUNG, seen.relayed)
+        return Ending(EndingKind.HUNG, seen.relayed)
     if seen.hang_timeout and seen.idle is not None and seen.idle >= seen.hang_timeout:
         what = hung_text(seen.hang_timeout)
         record = RankRecord(host=seen.host, rank=None, returncode=ExitCode.HUNG, what=what)
-        return Ending(Kind.HUNG, record)
+        return Ending(EndingKind.HUNG, record)
     if seen.relayed is not None:
-        kind = Kind.PEER_STOPPED if seen.relayed.host_stopped else Kind.PEER_FAILED
+        kind = EndingKind.PEER_STOPPED if seen.relayed.host_stopped else EndingKind.PEER_FAILED
         return Ending(kind, seen.relayed)
     if not seen.exited:
         return None
-    return Ending(Kind.TORCHRUN_FAILED if seen.returncode else Kind.SUCCEEDED)
+    return Ending(EndingKind.TORCHRUN_FAILED if seen.returncode else EndingKind.SUCCEEDED)
 
 
 @dataclass
@@ -120,32 +120,32 @@ def verdict(ending: Ending, run: Observed, host: str, run_dir: RunDir) -> Verdic
     failed = sorted((r for r in run.results.values() if r.failed), key=lambda r: r.rank or 0)
     details = [f"  {describe_rank(r)}" for r in failed] + stack_lines(run_dir) + [logs]
     kind, record = ending.kind, ending.record
-    if kind in (Kind.STOPPED, Kind.PEER_STOPPED):  # torchrun's status says nothing here
+    if kind in (EndingKind.STOPPED, EndingKind.PEER_STOPPED):  # torchrun's status says nothing here
         if finished_before_stop(run):
             return Verdict(ExitCode.SUCCESS, "", [])
-        if kind is Kind.STOPPED or record is None:
+        if kind is EndingKind.STOPPED or record is None:
             reason = f"{stopped_words(run.stop_signal, host)}: {stopped_ranks(run)}"
         else:  # another host's, which this host's ranks got too
             reason = f"{words(record)}; on {host}: {stopped_ranks(run)}"
         relayed = record.stop_signal if record is not None else None  # before any launch
         return Verdict(stopped_exit_code(run.stop_signal or relayed), reason, details)
-    if kind is Kind.HUNG:  # first line exactly the verdict; then where each rank was
+    if kind is EndingKind.HUNG:  # first line exactly the verdict; then where each rank was
         assert record is not None
         return Verdict(ExitCode.HUNG, record.what or "hung", [*stack_lines(run_dir), logs])
-    if kind in (Kind.FAILED, Kind.PEER_FAILED):
+    if kind in (EndingKind.FAILED, EndingKind.PEER_FAILED):
         assert record is not None
         code = of_returncode(record.returncode or ExitCode.FAILED)
         reason = f"{words(record, run.restarts)} [first failure]"
         if ending.culprit:  # the rank to blame first, the rank that timed out waiting after
             reason = f"collective timed out: {ending.culprit}; {reason}"
         return Verdict(code, reason, details)
-    if kind is Kind.LOST_MASTER:
+    if kind is EndingKind.LOST_MASTER:
         text = (
             f"lost contact with the master host {ending.master} "
             f"(its bootstrap exited or the host died); {host} stopped"
         )
         return Verdict(ExitCode.FAILED, text, details)
-    if kind is Kind.TORCHRUN_FAILED:
+    if kind is EndingKind.TORCHRUN_FAILED:
         code, reason = torchrun_failed(run, host)
         return Verdict(code, reason, details)
     return Verdict(ExitCode.SUCCESS, "", [])

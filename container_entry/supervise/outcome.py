@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from container_entry.common.layout import RunDir
-from container_entry.common.logs import MASKER, log, redact
+from container_entry.common.logs import MASKER, log, masked_text
 from container_entry.common.text import escaped, register
 
 
@@ -28,7 +28,7 @@ class Outcome:
         try:
             path = self.output / name
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(redact(text), encoding="utf-8", errors=register())
+            path.write_text(masked_text(text), encoding="utf-8", errors=register())
         except OSError as error:
             log(f"cannot write {escaped(str(self.output / name))}: {error.strerror}")
 

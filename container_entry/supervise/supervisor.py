@@ -1,9 +1,9 @@
 """One host's launch, supervised: torchrun handed its command, the run watched, the ranks taken
 down the way its ending needs, and what the run left gathered for the verdict.
 
-launch -> look -> decide (ending.py) -> teardown (teardown.py) -> Observed. Each look reads the
+launch -> look -> ending_of (ending.py) -> teardown (teardown.py) -> Observed. Each look reads the
 ranks' records and pid files (only when a folder changed), the master's word and the stop
-signals; `decide` names the ending as soon as there is one, and the teardown for it starts.
+signals; `ending_of` names the ending as soon as there is one, and the teardown for it starts.
 Whatever ends the job, every worker process group is gone when `monitor` returns.
 
 Stop: the bootstrap delivers it on every torch release. torchrun before 2.12 kills the workers
@@ -46,14 +46,14 @@ from container_entry.hosts import Member
 from container_entry.plan.plan import Plan
 from container_entry.supervise.ending import (
     Ending,
-    Kind,
+    EndingKind,
     Observed,
     Seen,
-    decide,
+    ending_of,
     stop_cut_a_script,
     stopped_words,
 )
-from container_entry.supervise.prestart import Prestarted, spawn
+from container_entry.supervise.prestart import Prestarted
 from container_entry.supervise.teardown import Hanging, Stopping, Teardown, Winding
 from container_entry.supervise.torchrun_output import TorchrunOutput
 from container_entry.supervise.torchrun_process import child_environment, script_environment
@@ -97,7 +97,7 @@ class Supervisor:
         """A peer failed, or the master went away, while this host prepared."""
         if self.member is None or not self.member.aborted.is_set():
             return None
-        self.ending = decide(self.seen(exited=False))
+        self.ending = ending_of(self.seen(exited=False))
         return self.ending
 
     # -- launch ---------------------------------------------------------------------------
@@ -125,11 +125,9 @@ class Supervisor:
             if self.member:  # several hosts: the master decides, from every host's idle time
                 self.member.idle = activity.idle if timeout else activity.idle_since_printing
         env = child_environment(self.plan, self.environ, self.control)
-        if self.prestarted is not None:
-            ready = str(self.control.torchrun_ready)
-            process = self.prestarted.launch(self.plan.argv, env, self.plan.code.code_dir, ready)
-        else:
-            process = spawn(self.plan.argv, env, self.plan.code.code_dir)
+        assert self.prestarted is not None, "the cli starts torchrun before the plan"
+        ready = str(self.control.torchrun_ready)
+        process = self.prestarted.launch(self.plan.argv, env, self.plan.code.code_dir, ready)
         self.torchrun_pid = process.pid
         return process
 
@@ -146,7 +144,7 @@ class Supervisor:
 
     # -- monitor --------------------------------------------------------------------------
     def monitor(self, process: subprocess.Popen) -> Ending:
-        """Watch until torchrun exits: decide, tear down, force at the teardown's deadline."""
+        """Watch until torchrun exits: ending_of, tear down, force at the teardown's deadline."""
         pump = threading.Thread(target=self.output.pump, args=(process,), daemon=True)
         pump.start()
         teardown: Teardown | None = None
@@ -169,10 +167,10 @@ class Supervisor:
         self.observed.returncode = process.returncode
         self.observed.torchrun_tail = list(self.output.tail)
         if self.ending is None:  # torchrun exited on its own: its restarts are over
-            self.ending = decide(self.seen(exited=True))
+            self.ending = ending_of(self.seen(exited=True))
             if self.ending is not None:  # a stop now, with nothing left to stop: which, when
                 self._note_the_stop(self.ending)
-        assert self.ending is not None  # decide always names an ending once torchrun exited
+        assert self.ending is not None  # ending_of always names an ending once torchrun exited
         return self.ending
 
     def look(self, now: float, *, always: bool = False) -> None:
@@ -193,7 +191,7 @@ class Supervisor:
             self._stamps, self._scanned = stamps, now
 
     def seen(self, *, exited: bool) -> Seen:
-        """What this look shows, for `decide`."""
+        """What this look shows, for `ending_of`."""
         member = self.member
         failures = [r for r in self.observed.results.values() if r.failed_on_its_own]
         lost = member.master if member and member.lost_master else None
@@ -214,7 +212,7 @@ class Supervisor:
 
     def begin(self, process: subprocess.Popen, now: float) -> Teardown | None:
         """The teardown for the ending this look shows, started; None while there is none."""
-        ending = decide(self.seen(exited=False))
+        ending = ending_of(self.seen(exited=False))
         if ending is None:
             return None
         self.ending = ending
@@ -227,20 +225,20 @@ class Supervisor:
         parts = (process, self.workers, self.observed)
         grace = self.settings.failure_grace_period
         record = ending.record
-        if ending.kind in (Kind.STOPPED, Kind.PEER_STOPPED):
+        if ending.kind in (EndingKind.STOPPED, EndingKind.PEER_STOPPED):
             self._note_the_stop(ending)
             grace = self.settings.stop_grace_period
-            cause = words(record) if ending.kind is Kind.PEER_STOPPED and record else None
+            cause = words(record) if ending.kind is EndingKind.PEER_STOPPED and record else None
             once = self.plan.once
             return Stopping(*parts, grace, self.control, self.peers_running, cause, once)
-        if ending.kind is Kind.HUNG:
+        if ending.kind is EndingKind.HUNG:
             assert record is not None
             message = f"{record.what}: recording stacks, stopping this host's workers"
             return Hanging(*parts, grace, message, self.control, self.run_dir, self._sharer())
-        if ending.kind is Kind.FAILED:
+        if ending.kind is EndingKind.FAILED:
             assert record is not None
             record = self._with_gpu_memory(record)
-            self.ending = Ending(Kind.FAILED, record)
+            self.ending = Ending(EndingKind.FAILED, record)
             message = (
                 f"{failed_one(record)} on {record.host} failed: stopping this host's workers "
                 "and telling the other hosts"
@@ -250,7 +248,7 @@ class Supervisor:
                 where = (self.control, self.run_dir, self._sharer())
                 return Hanging(*parts, grace, message, *where, tell=tell)
             return Winding(*parts, grace, message, tell)
-        if ending.kind is Kind.LOST_MASTER:
+        if ending.kind is EndingKind.LOST_MASTER:
             message = f"lost the master host {ending.master}: recording stacks, stopping"
             return Winding(*parts, grace, message)
         message = "another host failed: recording stacks, stopping this host's workers"
@@ -301,8 +299,8 @@ class Supervisor:
         to the other hosts with its moment before any rank here is signalled
         (ending.stop_cut_a_script)."""
         observed, member = self.observed, self.member
-        relayed = ending.record if ending.kind is Kind.PEER_STOPPED else None
-        if ending.kind is not Kind.STOPPED and relayed is None:
+        relayed = ending.record if ending.kind is EndingKind.PEER_STOPPED else None
+        if ending.kind is not EndingKind.STOPPED and relayed is None:
             return
         if relayed is not None:
             arrived = member.aborted_at if member is not None else None

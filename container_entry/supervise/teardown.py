@@ -1,10 +1,10 @@
 """Taking this host's ranks down, one small object per way: `start` once, `step` at every look
 of the supervisor until `deadline`, then `force`. Which one runs is the ending's business
-(ending.decide); these only do it.
+(ending.ending_of); these only do it.
 
 - `Stopping` (a stop, here or on another host): the bootstrap delivers the signal itself and
-  torchrun never gets one while ranks run (launch.py says why: its 30 s kill before torch 2.12,
-  and the job's store it hosts, which NCCL's heartbeat thread polls until a rank exits);
+  torchrun never gets one while ranks run (supervisor.py says why: its 30 s kill before torch
+  2.12, and the job's store it hosts, which NCCL's heartbeat thread polls until a rank exits);
 - `Winding` (a failure here or elsewhere, a lost master): stacks first, then torchrun told to
   end its ranks, killed after FAILURE_GRACE_PERIOD;
 - `Hanging` (the hang watchdog, or a collective that timed out here or elsewhere): as

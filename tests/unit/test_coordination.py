@@ -930,7 +930,7 @@ def test_a_proof_binds_the_key_both_challenges_and_the_whole_join():
     ],
 )
 def test_the_address_check(address, resolved, matches):
-    from container_entry.hosts.addresses import address_matches
+    from container_entry.hosts.admission import address_matches
 
     assert address_matches(address, resolved) is matches
 
@@ -1037,7 +1037,7 @@ def test_a_host_s_stop_crosses_with_its_signal(name):
 
 def test_a_failure_of_this_host_always_fits_the_schema():
     from container_entry.hosts.messages import to_master
-    from container_entry.hosts.schema import failure_record, fitted
+    from container_entry.hosts.schema import failure_record, fitted_record
     from container_entry.hosts.wire import LINE_LIMIT
 
     record = RankRecord(
@@ -1049,7 +1049,7 @@ def test_a_failure_of_this_host_always_fits_the_schema():
         exception={"type": "E" * 1000, "message": "é" * 50_000},
         fatal_error="f" * 5000,
     ).relayed()
-    message = {"type": "failed", "failure": fitted(record)}
+    message = {"type": "failed", "failure": fitted_record(record)}
     assert len(json.dumps(message)) + 1 <= LINE_LIMIT
     assert to_master(json.loads(json.dumps(message)))["failure"]["rank"] == 3
     assert failure_record(RankRecord(host="algo-2", rank=None, returncode=2).relayed())
@@ -1351,15 +1351,15 @@ def test_without_a_measured_clock_arrival_decides_and_a_consequence_is_not_poste
 
 def test_message_kinds_are_their_wire_strings_and_each_direction_checks_its_own():
     from container_entry.hosts.messages import to_master, to_member
-    from container_entry.hosts.wire import Invalid, Kind, encode
+    from container_entry.hosts.wire import Invalid, MessageKind, encode
 
-    assert encode({"type": Kind.HELLO, "version": 1}) == b'{"type": "hello", "version": 1}\n'
-    assert {k.value for k in Kind} == {
+    assert encode({"type": MessageKind.HELLO, "version": 1}) == b'{"type": "hello", "version": 1}\n'
+    assert {k.value for k in MessageKind} == {
         *("hello", "join", "welcome", "refused", "start", "beat", "failed", "abort", "first"),
         *("settled", "done", "records", "culprit"),
     }
     beat = to_master({"type": "beat", "idle": 3, "time": None})
-    assert beat == {"type": "beat", "idle": 3.0, "time": None} and beat["type"] is Kind.BEAT
+    assert beat == {"type": "beat", "idle": 3.0, "time": None} and beat["type"] is MessageKind.BEAT
     assert to_member({"type": "beat"}) == {"type": "beat"}
     for kind in ("hello", "welcome", "start", "abort", "first", "culprit"):
         with pytest.raises(Invalid, match=f"unknown message type '{kind}'"):

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from container_entry.plan.environment import code_key, read_code_files
-from container_entry.plan.launch_mode import LaunchMode, decide, other_launcher
+from container_entry.plan.launch_mode import LaunchMode, launch_mode_of, other_launcher
 from container_entry.plan.plan import build_plan
 from tests.unit.conftest import NVIDIA_SMI_4, make_env
 
@@ -46,7 +46,7 @@ WORLD = ("algo-1", "algo-2")
     ],
 )  # fmt: skip
 def test_the_launch_mode_in_priority_order(setting, hps, world, entry, files, mode, why):
-    decision = decide(setting, hps, world, "why", entry, files, "s3://b/c")
+    decision = launch_mode_of(setting, hps, world, "why", entry, files, "s3://b/c")
     assert decision.mode is mode and why in decision.why, decision
     assert decision.pending is (files is None and mode is LaunchMode.DDP)
 

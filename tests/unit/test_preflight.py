@@ -205,8 +205,8 @@ def test_the_preflight_warns_about_a_small_dev_shm(monkeypatch, size, warned):
     if not warned:
         assert line is None
     else:  # the plan's warning (container_entry.common.shm), on each host
-        assert line == f"preflight warning on algo-2: {shm.warning(size)}"
-        assert line.startswith("preflight warning on algo-2: /dev/shm is 64 MiB")
+        assert line == f"[container-entry] preflight warning on algo-2: {shm.warning(size)}"
+        assert line.startswith("[container-entry] preflight warning on algo-2: /dev/shm is 64 MiB")
         assert "--shm-size=1g (or more) or --ipc=host" in line
 
 
