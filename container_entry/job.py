@@ -168,8 +168,7 @@ class Job:
             return result.exit_code
         log(f"failed: {result.reason}")
         stop = self.stop
-        mine = ending.kind is EndingKind.STOPPED and stop.signal is not None
-        told = (stop.signal or "", stop.at) if mine else None  # a stop has a moment
+        told = stop.came if ending.kind is EndingKind.STOPPED else None  # a stop has a moment
         self.session.post_failure(result.reason, result.exit_code, told)  # unless posted
         ranks = {str(rank): record.to_json() for rank, record in sorted(run.results.items())}
         outcome.failure(result.reason, result.details, {"reason": result.reason, "ranks": ranks})

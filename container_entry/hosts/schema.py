@@ -111,11 +111,8 @@ def failure_record(value: Any) -> Relayed:
             record[name] = integer(item, "failure restart_count", 0, 10**9)
         elif name in _RECORD_NAMES:
             record[name] = text(item, f"failure {name}", SHORT_CAP)
-        elif name == "stop_signal":
-            stop = text(item, "failure stop_signal", SHORT_CAP)
-            if stop is not None and stop not in _STOP_NAMES:
-                raise Invalid(f"failure stop_signal {stop!r} is not a stop signal")
-            record[name] = stop
+        elif name == "stop":
+            record[name] = _stop(item)
         elif name in _RECORD_TEXT:
             record[name] = text(item, f"failure {name}", TEXT_CAP)
         elif name in ("ended_at", "failed_at", "script_ended_at"):
@@ -125,6 +122,18 @@ def failure_record(value: Any) -> Relayed:
         else:  # a field added to RankRecord later: a plain, bounded value
             record[name] = _plain(item, f"failure {name}")
     return record
+
+
+def _stop(value: Any) -> dict[str, Any] | None:
+    """A relayed stop (StopSignal.to_json): a stop signal's name and a moment."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"name", "at"}:
+        raise Invalid("failure stop is not a stop signal and a moment")
+    name = text(value["name"], "failure stop name", SHORT_CAP)
+    if name not in _STOP_NAMES:
+        raise Invalid(f"failure stop {name!r} is not a stop signal")
+    return {"name": name, "at": number(value["at"], "failure stop at", 0, 1e11)}
 
 
 def _plain(value: Any, what: str) -> str | int | float | None:

@@ -17,6 +17,7 @@ from container_entry.common.errors import NetworkError
 from container_entry.common.exits import ExitCode
 from container_entry.common.logs import log
 from container_entry.common.records import RankRecord
+from container_entry.common.stopping import StopSignal
 from container_entry.hosts import network
 from container_entry.hosts.keys import job_key
 from container_entry.hosts.liveness import JOIN_VERDICT_GRACE
@@ -153,19 +154,17 @@ class Session:
             threads = shared.env["OMP_NUM_THREADS"]
             log(f"OMP_NUM_THREADS={threads.value}: {threads.reason}")
 
-    def post_failure(
-        self, what: str, exit_code: int, stop: tuple[str, float | None] | None = None
-    ) -> None:
+    def post_failure(self, what: str, exit_code: int, stop: StopSignal | None = None) -> None:
         """Tell the other hosts why this one cannot go on: a bootstrap error, or the final
         verdict of a run nothing was posted for yet (torchrun failing before any rank
-        reported, a stop: `stop`, its signal and moment, for the master's order and for the
-        other hosts to stop their ranks as a stop does). Posts once; never echoes a failure
-        another host relayed."""
+        reported, a stop: `stop`, with its moment, for the master's order and for the other
+        hosts to stop their ranks as a stop does). Posts once; never echoes a failure another
+        host relayed."""
         if self.member:
-            name, began = stop if stop is not None else (None, None)
             here = self.plan.topology.current_host
+            began = stop.at if stop is not None else None
             record = RankRecord(
-                here, None, returncode=exit_code, what=what, stop_signal=name, failed_at=began
+                here, None, returncode=exit_code, what=what, stop=stop, failed_at=began
             )
             self.member.post_failure(record)
 

@@ -316,8 +316,7 @@ class Wrapper:
             exception=ended.start_error or exception or parse_exception(lines),
             fatal_error=fatal_error(lines),
             last_words=last_words(lines) if status else None,
-            stop_signal=self.stop.name,
-            stop_requested_at=self.stop.at,
+            stop=self.stop.came,
             started_at=self.started,
             failed_at=ended.failed_at if status else None,
             script_ended_at=ended.script_ended_at,
@@ -336,7 +335,7 @@ class Wrapper:
         # after the record: the bootstrap hears of the failure at once (the job's first failure
         # is decided by when each host's arrives), while torchrun, which ends this host's other
         # ranks when this wrapper exits, waits for their records
-        if record.failed and not record.stop_signal:
+        if record.failed and record.stop is None:
             self.peers_records(record)
 
     def peers_records(self, record: RankRecord) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from container_entry.common.exits import ExitCode, of_returncode, stopped_exit_code
 from container_entry.common.layout import RunDir
 from container_entry.common.records import RankRecord
+from container_entry.common.stopping import StopSignal
 from container_entry.common.text import escaped
 from container_entry.diagnose.failure import (
     describe_exit,
@@ -47,7 +48,7 @@ class EndingKind(enum.Enum):
 class Seen:
     """What one look at the run shows: everything `ending_of` needs, nothing it must fetch."""
 
-    stop_signal: str | None = None
+    stop: StopSignal | None = None  # this host's own
     failures: tuple[RankRecord, ...] = ()  # this host's ranks that failed on their own
     restarts: int = 0  # torchrun's --max-restarts: it restarts a failed group itself
     exited: bool = False  # torchrun exited: its restarts are over
@@ -69,7 +70,7 @@ class Ending:
 
 def ending_of(seen: Seen) -> Ending | None:
     """The ending this look shows, the first kind in priority order; None: none yet."""
-    if seen.stop_signal:
+    if seen.stop is not None:
         return Ending(EndingKind.STOPPED)
     failures = seen.failures
     # a failure that would repeat identically is not worth a restart (failure.permanent)
@@ -99,8 +100,8 @@ class Observed:
     returncode: int | None = None  # torchrun's
     results: dict[int, RankRecord] = field(default_factory=dict)
     launched: set[int] = field(default_factory=set)  # ranks whose wrapper announced itself
-    stop_signal: str | None = None
-    stop_at: float | None = None
+    # the stop this host's ranks got, from when: its own, or another host's as its word came
+    stop: StopSignal | None = None
     torchrun_tail: list[str] = field(default_factory=list)
     forced_kill: bool = False  # ranks still running at the teardown's deadline were killed
     grace: float = 0.0  # the grace period that teardown gave
@@ -124,11 +125,11 @@ def verdict(ending: Ending, run: Observed, host: str, run_dir: RunDir) -> Verdic
         if finished_before_stop(run):
             return Verdict(ExitCode.SUCCESS, "", [])
         if kind is EndingKind.STOPPED or record is None:
-            reason = f"{stopped_words(run.stop_signal, host)}: {stopped_ranks(run)}"
+            reason = f"{stopped_words(run.stop, host)}: {stopped_ranks(run)}"
         else:  # another host's, which this host's ranks got too
             reason = f"{words(record)}; on {host}: {stopped_ranks(run)}"
-        relayed = record.stop_signal if record is not None else None  # before any launch
-        return Verdict(stopped_exit_code(run.stop_signal or relayed), reason, details)
+        came = run.stop or (record.stop if record is not None else None)  # before any launch
+        return Verdict(came.exit_code if came else stopped_exit_code(None), reason, details)
     if kind is EndingKind.HUNG:  # first line exactly the verdict; then where each rank was
         assert record is not None
         return Verdict(ExitCode.HUNG, record.what or "hung", [*stack_lines(run_dir), logs])
@@ -161,7 +162,7 @@ def finished_before_stop(run: Observed) -> bool:
         r is not None
         and not r.failed
         and (r.script_ended_at or r.ended_at) is not None
-        and (r.script_ended_at or r.ended_at or 0) <= (run.stop_at or 0)
+        and (r.script_ended_at or r.ended_at or 0) <= (run.stop.at if run.stop else 0)
         for r in ranks
     )
 
@@ -179,17 +180,17 @@ def stop_cut_a_script(run: Observed, ended: Collection[int]) -> bool:
     return any(rank not in run.results and rank not in ended for rank in run.launched)
 
 
-def stopped_words(stop_signal: str | None, host: str) -> str:
+def stopped_words(stop: StopSignal | None, host: str) -> str:
     """A stop in words that name the host it reached, for every host's first line."""
     return (
-        f"job stopped by {stop_signal} on {host} (StopTrainingJob, Spot interruption or "
-        "docker stop)"
+        f"job stopped by {stop.name if stop else None} on {host} (StopTrainingJob, Spot "
+        "interruption or docker stop)"
     )
 
 
 def stopped_ranks(run: Observed) -> str:
     """How many ranks exited in time after a stop, and which were still running and killed."""
-    stop_at = run.stop_at or 0.0
+    stop_at = run.stop.at if run.stop else 0.0
     exited = [r for r in run.results.values() if r.ended_at and stop_at]
     slowest = max((max(0.0, (r.ended_at or 0) - stop_at) for r in exited), default=0.0)
     killed = sorted(run.launched - set(run.results))

@@ -27,11 +27,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from container_entry.common.exits import stopped_exit_code
 from container_entry.common.layout import ControlDir, RunDir
 from container_entry.common.logs import log
 from container_entry.common.records import Command, RankRecord, read_json, shown_ranks
-from container_entry.common.stopping import Stop
+from container_entry.common.stopping import Stop, StopSignal
 from container_entry.common.workers import Workers, childless, reap_orphans
 from container_entry.diagnose import culprit, gpu_memory
 from container_entry.diagnose.failure import (
@@ -198,7 +197,7 @@ class Supervisor:
         relayed = member.abort if member and member.aborted.is_set() else None
         alone = self.activity is not None and member is None  # one host: its own watchdog
         return Seen(
-            stop_signal=self.stop.signal,
+            stop=self.stop.came,
             failures=tuple(failures),
             restarts=self.plan.max_restarts,
             exited=exited,
@@ -304,18 +303,18 @@ class Supervisor:
             return
         if relayed is not None:
             arrived = member.aborted_at if member is not None else None
-            observed.stop_signal, observed.stop_at = relayed.stop_signal, arrived or time.time()
+            name = relayed.stop.name if relayed.stop else "SIGTERM"  # its ranks get this signal now
+            observed.stop = StopSignal(name, arrived or time.time())
             return
-        observed.stop_signal, observed.stop_at = self.stop.signal, self.stop.at
+        observed.stop = self.stop.came
         ended = {r for r in observed.launched if self.control.exiting(r).exists()}
         if member is None or not stop_cut_a_script(observed, ended):
             return
-        host, name = self.plan.topology.current_host, self.stop.signal
-        code, what = stopped_exit_code(name), stopped_words(name, host)
+        host, came = self.plan.topology.current_host, self.stop.came
+        assert came is not None  # a STOPPED ending: the handler noted it
+        code, what = came.exit_code, stopped_words(came, host)
         member.post_failure(
-            RankRecord(
-                host, None, returncode=code, what=what, stop_signal=name, failed_at=self.stop.at
-            )
+            RankRecord(host, None, returncode=code, what=what, stop=came, failed_at=came.at)
         )
 
     def _teller(self, record: RankRecord) -> Callable[[], None] | None:

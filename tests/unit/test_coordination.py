@@ -16,6 +16,7 @@ import pytest
 
 from container_entry.common.errors import NetworkError
 from container_entry.common.records import PEER_GONE, RankRecord
+from container_entry.common.stopping import StopSignal
 from container_entry.hosts import Coordinator, Member, PeerFailure
 from container_entry.hosts.keys import join_proof, welcome_proof
 from container_entry.hosts.liveness import tune
@@ -1006,9 +1007,17 @@ def test_parse_refuses_what_is_not_one_json_object(line, why):
         ({"type": "failed", "failure": {"rank": -1}}, "failure rank is not between"),
         # a stop's signal reaches the receiving host's ranks: a stop signal, by name, or none
         *(
-            ({"type": "failed", "failure": {"stop_signal": bad}}, f"failure stop_signal {bad!r} is")
+            (
+                {"type": "failed", "failure": {"stop": {"name": bad, "at": 1.0}}},
+                f"failure stop {bad!r} is",
+            )
             for bad in ("SIGKILL", "SIGUSR1", "SIGTERM ", "sigterm", "15", "", "SIGRTMIN+2")
         ),
+        *(
+            ({"type": "failed", "failure": {"stop": bad}}, "failure stop is not a stop signal and")
+            for bad in ("SIGTERM", ["SIGTERM", 1.0], {"name": "SIGTERM"}, {"at": 1.0}, 15)
+        ),
+        ({"type": "failed", "failure": {"stop": {"name": "SIGTERM", "at": -1}}}, "failure stop at"),
         ({"type": "failed", "failure": {"returncode": 2**40}}, "failure returncode is not"),
         ({"type": "failed", "failure": {"exception": "x"}}, "failure exception is not"),
         ({"type": "failed", "failure": {"stderr_tail": []}}, "failure with unknown field(s)"),
@@ -1028,11 +1037,14 @@ def test_every_message_to_the_master_is_checked_against_its_schema(message, why)
 
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP", None])
 def test_a_host_s_stop_crosses_with_its_signal(name):
+    from container_entry.common.stopping import StopSignal
     from container_entry.hosts.messages import to_master
 
-    stop = RankRecord(host="algo-2", rank=None, returncode=143, what="stopped", stop_signal=name)
+    came = StopSignal(name, 5.25) if name else None
+    stop = RankRecord(host="algo-2", rank=None, returncode=143, what="stopped", stop=came)
     message = to_master({"type": "failed", "failure": stop.relayed()})
-    assert message["failure"]["stop_signal"] == name
+    assert message["failure"]["stop"] == (came.to_json() if came else None)
+    assert RankRecord.from_json(message["failure"]).stop == came
 
 
 def test_a_failure_of_this_host_always_fits_the_schema():
@@ -1241,7 +1253,12 @@ def test_a_stop_told_with_its_moment_comes_before_the_errors_its_ranks_leaving_c
     now = time.time()
     what = "job stopped by SIGTERM on algo-2 (StopTrainingJob, Spot interruption or docker stop)"
     stop = RankRecord(
-        host="algo-2", rank=None, returncode=143, what=what, stop_signal="SIGTERM", failed_at=now
+        host="algo-2",
+        rank=None,
+        returncode=143,
+        what=what,
+        stop=StopSignal("SIGTERM", now),
+        failed_at=now,
     )
     error = {"type": "RuntimeError", "message": f"Read error [127.0.0.1]:29590: {words}"}
     victim = RankRecord(

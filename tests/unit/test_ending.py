@@ -11,6 +11,7 @@ import pytest
 from container_entry.common.exits import ExitCode
 from container_entry.common.layout import RunDir
 from container_entry.common.records import RankRecord
+from container_entry.common.stopping import StopSignal
 from container_entry.diagnose.hang import hung_text
 from container_entry.supervise.ending import (
     Ending,
@@ -32,11 +33,16 @@ PEER = RankRecord(host="algo-2", rank=3, returncode=1)
 HANG = RankRecord(host=None, rank=None, returncode=ExitCode.HUNG, what=hung_text(60, 2))
 STOP_WORDS = "job stopped by SIGINT on algo-2 (StopTrainingJob, Spot interruption or docker stop)"
 PEER_STOP = RankRecord(
-    host="algo-2", rank=None, returncode=130, what=STOP_WORDS, stop_signal="SIGINT", failed_at=50.0
+    host="algo-2",
+    rank=None,
+    returncode=130,
+    what=STOP_WORDS,
+    stop=StopSignal("SIGINT", 50.0),
+    failed_at=50.0,
 )
 # what one look can show, each alone: the fields of Seen that make each ending
 SHOWS = {
-    EndingKind.STOPPED: {"stop_signal": "SIGTERM"},
+    EndingKind.STOPPED: {"stop": StopSignal("SIGTERM", 1.0)},
     EndingKind.FAILED: {"failures": (FAILURE,)},
     EndingKind.LOST_MASTER: {"lost_master": "algo-1"},
     EndingKind.HUNG: {"idle": 61.0, "hang_timeout": 60.0},
@@ -74,7 +80,7 @@ def test_the_master_s_word_is_a_hang_or_a_peer_s_failure_or_its_stop():
     assert ending_of(Seen(relayed=PEER)) == Ending(EndingKind.PEER_FAILED, PEER)
     assert ending_of(Seen(relayed=PEER_STOP)) == Ending(EndingKind.PEER_STOPPED, PEER_STOP)
     # a rank's record with a stop its wrapper saw is no host's stop
-    ranks_stop = RankRecord(host="algo-2", rank=1, returncode=1, stop_signal="SIGTERM")
+    ranks_stop = RankRecord(host="algo-2", rank=1, returncode=1, stop=StopSignal("SIGTERM", 9.0))
     assert ending_of(Seen(relayed=ranks_stop)).kind is EndingKind.PEER_FAILED
 
 
@@ -82,8 +88,9 @@ def test_the_master_s_word_is_a_hang_or_a_peer_s_failure_or_its_stop():
 def test_another_host_s_stop_is_this_host_s_stop_naming_that_host(tmp_path, name, code):
     """This host's ranks got the other host's signal: the exit code is that stop's, the first
     line names the stopped host first and then says how this host's ranks ended."""
-    stop = RankRecord(host="algo-2", rank=None, returncode=code, what=STOP_WORDS, stop_signal=name)
-    ranks = {r: record(rank=r, local_rank=r, stop_signal=name, ended_at=101.5) for r in (0, 1)}
+    came = StopSignal(name, 100.0)
+    stop = RankRecord(host="algo-2", rank=None, returncode=code, what=STOP_WORDS, stop=came)
+    ranks = {r: record(rank=r, local_rank=r, stop=came, ended_at=101.5) for r in (0, 1)}
     run = stopped_run(name, launched={0, 1}, results=ranks)
     result = verdict(Ending(EndingKind.PEER_STOPPED, stop), run, "algo-1", RunDir(tmp_path))
     assert result.exit_code == code
@@ -135,9 +142,7 @@ def test_a_lost_master_is_its_own_line_not_another_host_s_failure(tmp_path):
 
 def test_a_stop_after_every_rank_exited_0_is_a_success(tmp_path):
     done = {r: record(rank=r, ended_at=99.0) for r in (0, 1)}
-    run = Observed(
-        stop_signal="SIGTERM", stop_at=100.0, returncode=1, launched={0, 1}, results=done
-    )
+    run = Observed(stop=StopSignal("SIGTERM", 100.0), returncode=1, launched={0, 1}, results=done)
     assert verdict(Ending(EndingKind.STOPPED), run, "algo-1", RunDir(tmp_path)).exit_code == 0
 
 
@@ -167,7 +172,8 @@ def test_a_stop_after_every_script_ended_with_status_0_is_a_success(tmp_path, ra
 
 
 def stopped_run(signal_name: str = "SIGTERM", **fields) -> Observed:
-    return Observed(stop_signal=signal_name, stop_at=100.0, grace=100.0, returncode=0, **fields)
+    stop = StopSignal(signal_name, 100.0) if signal_name else None
+    return Observed(stop=stop, grace=100.0, returncode=0, **fields)
 
 
 STOPPED = Ending(EndingKind.STOPPED)
@@ -185,7 +191,7 @@ def test_a_stop_before_any_rank_started_says_so_not_0_of_0(tmp_path):
 @pytest.mark.parametrize(("name", "code"), [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
 def test_a_stopped_job_exits_128_plus_its_signal(tmp_path, name, code):
     ranks = {
-        rank: record(rank=rank, local_rank=rank, stop_signal=name, ended_at=101.5)
+        rank: record(rank=rank, local_rank=rank, stop=StopSignal(name, 100.0), ended_at=101.5)
         for rank in (0, 1)
     }
     run = stopped_run(name, launched={0, 1}, results=ranks)

@@ -389,7 +389,7 @@ def test_a_stop_that_comes_as_torchrun_exits_is_judged_by_its_moment(tmp_path, f
     exit 143, for a job whose every script had ended with 0): a success when every script ended
     before it, a stopped job when one was still running. A real process stands in for torchrun
     (it exits at once); the rank's record is the wrapper's."""
-    from container_entry.common.stopping import Stop
+    from container_entry.common.stopping import Stop, StopSignal
     from container_entry.supervise.supervisor import Supervisor
 
     plan = build_plan(make_env(environ={"SAGEMAKER_PROGRAM": "train.py"}))
@@ -406,7 +406,7 @@ def test_a_stop_that_comes_as_torchrun_exits_is_judged_by_its_moment(tmp_path, f
 
     def stopped_as_torchrun_exits(*args) -> None:
         clean_up(*args)
-        stop.signal, stop.at = "SIGTERM", signalled  # what Stop's handler notes
+        stop.came = StopSignal("SIGTERM", signalled)  # what Stop's handler notes
 
     supervisor.clean_up = stopped_as_torchrun_exits  # type: ignore[method-assign]
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
@@ -414,7 +414,7 @@ def test_a_stop_that_comes_as_torchrun_exits_is_judged_by_its_moment(tmp_path, f
         ending = supervisor.monitor(process)
     result = verdict(ending, supervisor.observed, "algo-1", run_dir)
     assert ending.kind is EndingKind.STOPPED
-    assert (supervisor.observed.stop_signal, supervisor.observed.stop_at) == ("SIGTERM", signalled)
+    assert supervisor.observed.stop == StopSignal("SIGTERM", signalled)
     if finished:
         assert result.exit_code == 0, result.reason
     else:
