@@ -80,6 +80,7 @@ def _internal_error(command: str, error: BaseException) -> int:
     from container_entry.common.layout import RunDir
     from container_entry.common.logs import log, masked_text
     from container_entry.plan.environment import base_dir_from
+    from container_entry.supervise.ending import Verdict
     from container_entry.supervise.outcome import Outcome
 
     environ = dict(os.environ)
@@ -93,18 +94,22 @@ def _internal_error(command: str, error: BaseException) -> int:
     shown = escaped(str(path))
     log(f"{what} (a defect of container-entry; traceback in {shown})")
     if command == "train":
-        Outcome(base_dir_from(environ)).failure(what, [f"traceback: {shown}"])
+        traceback_line = [f"traceback: {shown}"]
+        return Outcome(base_dir_from(environ)).write(
+            Verdict(ExitCode.INTERNAL, what, traceback_line)
+        )
     return ExitCode.INTERNAL
 
 
 def _stopped(stop: StopRequested) -> int:
     """A stop before train() could take over its own reporting: one line, a failure file."""
     from container_entry.plan.environment import base_dir_from
+    from container_entry.supervise.ending import Verdict
     from container_entry.supervise.outcome import Outcome
 
     print(f"[container-entry] {stop}", file=sys.stderr, flush=True)
-    Outcome(base_dir_from(os.environ)).failure(f"StopRequested: {stop}")
-    return stop.exit_code
+    verdict = Verdict(stop.exit_code, f"StopRequested: {stop}", [])
+    return Outcome(base_dir_from(os.environ)).write(verdict)
 
 
 def _guarded(
@@ -117,18 +122,18 @@ def _guarded(
         return run(args)
     except StopRequested as stopped:
         if stop is not None:
-            stop.raising = False  # a second signal must not interrupt the report
+            stop.reporting()  # a second signal must not interrupt the report
         return _stopped(stopped)
     except KeyboardInterrupt:  # SIGINT under Python's own handler (not `train`'s)
         if stop is None:
             raise
-        stop.raising = False
+        stop.reporting()
         return _stopped(StopRequested("stopped by SIGINT before the workers started", "SIGINT"))
     except SystemExit:
         raise
     except BaseException as error:
         if stop is not None:
-            stop.raising = False
+            stop.reporting()
             if stop.cut_start:  # the stop's own exception, as the code it cut reshaped it
                 return _stopped(stop.requested())
         return _internal_error(command, error)

@@ -58,7 +58,7 @@ def _grace(environ: Mapping[str, str]) -> float:
 def run_unchanged(shell_argv: Sequence[str], environ: Mapping[str, str]) -> int:
     """The SDK's start exactly as it would have run, under our stop (supervise/unchanged.py)."""
     stop = stopping.Stop()
-    stop.raising = False  # never raised: every stop is the child's to answer
+    stop.workers_started()  # never raised: every stop is the child's to answer
     stop.install()
     outcome = Outcome(base_dir_from(environ))
     return unchanged.run_unchanged(

@@ -219,6 +219,16 @@ class Stop:
             while os.read(self._read, 512):
                 pass
 
+    def workers_started(self) -> None:
+        """From now on a stop is the workers' to answer (the monitor delivers it): noted, never
+        raised."""
+        self.raising = False
+
+    def reporting(self) -> None:
+        """The run ended before its workers could answer a stop: a stop now must not interrupt
+        the report; it is noted (the report says so where it matters)."""
+        self.raising = False
+
     def after_workers(self) -> None:
         """The workers have finished and the outcome is written: a stop now changes nothing."""
         self.raising = False

@@ -210,7 +210,7 @@ def judge(
         return Decision(
             Handling.SDK,
             "SageMaker SDK v3 SourceCode(command=...): the command runs as the SDK runs it "
-            "(no DDP launch of ours; a stop reaches it, README 'SDK v3')",
+            "(no DDP launch of ours; a stop reaches it, docs/sdk-v3.md)",
         )
     if driver == "mpi":
         return Decision(

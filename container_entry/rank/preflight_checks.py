@@ -15,8 +15,8 @@ from container_entry.common import shm
 from container_entry.common.exits import ExitCode
 from container_entry.common.logs import PREFIX
 
-# The exit code of a failed check (README, "Exit codes"): this host's GPUs are not usable as
-# counted, or a peer never joined (the deadline); any other check FAILED.
+# The exit code of a failed check (docs/failure-stop-logs.md, "Exit codes"): this host's GPUs are
+# not usable as counted, or a peer never joined (the deadline); any other check FAILED.
 EXIT_CODES: Mapping[str, ExitCode] = {
     "gpu-count": ExitCode.DEVICE,
     "gpu-matmul": ExitCode.DEVICE,

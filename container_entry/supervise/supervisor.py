@@ -41,16 +41,19 @@ from container_entry.diagnose.failure import (
     words,
 )
 from container_entry.diagnose.hang import PROGRESS_ENV, Activity
-from container_entry.hosts import Member
+from container_entry.hosts.session import Session
 from container_entry.plan.plan import Plan
+from container_entry.supervise.agreement import agreed
 from container_entry.supervise.ending import (
     Ending,
     EndingKind,
     Observed,
     Seen,
+    Verdict,
     ending_of,
     stop_cut_a_script,
     stopped_words,
+    verdict,
 )
 from container_entry.supervise.prestart import Prestarted
 from container_entry.supervise.teardown import Hanging, Stopping, Teardown, Winding
@@ -66,21 +69,20 @@ class Supervisor:
         plan: Plan,
         environ: Mapping[str, str],
         run_dir: RunDir,
-        member: Member | None,
+        session: Session,
         stop: Stop,
         prestarted: Prestarted | None = None,
-        peers_running: Callable[[], bool] | None = None,
     ) -> None:
         self.plan = plan
         self.environ = environ
         self.run_dir = run_dir
-        self.member = member
+        self.session = session  # the side channel (one host: nothing to ask of it)
         self.stop = stop
         self.prestarted = prestarted
         self.torchrun_pid: int | None = None  # once launched (torchrun_starting)
         # the master's: whether another host's bootstrap still runs its ranks (this torchrun
         # hosts the store they may still poll)
-        self.peers_running = peers_running
+        self.peers_running = session.peers_running()
         self.settings = plan.settings
         self.control = ControlDir.create("job")
         self.workers = Workers(self.control)
@@ -92,9 +94,17 @@ class Supervisor:
         self._stamps: tuple[int, ...] = ()  # the two folders' change times at the last scan
         self._scanned = 0.0
 
+    def run(self) -> tuple[Ending, Verdict]:
+        """The run, to its end: this host's final ending, the job's first failure agreed across
+        hosts included (agreement.py), and the verdict it becomes."""
+        ending = self.before_launch() or self.monitor(self.launch())
+        host, restarts = self.plan.topology.current_host, self.plan.max_restarts
+        ending = agreed(ending, self.observed, self.session, host, self.run_dir, restarts)
+        return ending, verdict(ending, self.observed, host, self.run_dir)
+
     def before_launch(self) -> Ending | None:
         """A peer failed, or the master went away, while this host prepared."""
-        if self.member is None or not self.member.aborted.is_set():
+        if not self.session.interrupted():
             return None
         self.ending = ending_of(self.seen(exited=False))
         return self.ending
@@ -114,15 +124,15 @@ class Supervisor:
             sh_fallback=self.plan.sdk is not None,
             once_env=script_environment(self.plan, self.environ) if self.plan.once else None,
         ).write(self.control.command)
-        self.stop.raising = False
+        self.stop.workers_started()
         timeout = self.settings.hang_timeout  # None: auto, which watches several hosts only
-        if timeout or (timeout is None and self.member):
+        if timeout or (timeout is None and self.session.coordinated):
             progress = self._effective(PROGRESS_ENV)
             activity = self.activity = Activity(
                 self.run_dir, progress, self.control.started, self.torchrun_starting
             )
-            if self.member:  # several hosts: the master decides, from every host's idle time
-                self.member.idle = activity.idle if timeout else activity.idle_since_printing
+            # several hosts: the master decides, from every host's idle time
+            self.session.report_idle(activity.idle if timeout else activity.idle_since_printing)
         env = child_environment(self.plan, self.environ, self.control)
         assert self.prestarted is not None, "the cli starts torchrun before the plan"
         ready = str(self.control.torchrun_ready)
@@ -191,19 +201,17 @@ class Supervisor:
 
     def seen(self, *, exited: bool) -> Seen:
         """What this look shows, for `ending_of`."""
-        member = self.member
         failures = [r for r in self.observed.results.values() if r.failed_on_its_own]
-        lost = member.master if member and member.lost_master else None
-        relayed = member.abort if member and member.aborted.is_set() else None
-        alone = self.activity is not None and member is None  # one host: its own watchdog
+        # one host: its own watchdog
+        alone = self.activity is not None and not self.session.coordinated
         return Seen(
             stop=self.stop.came,
             failures=tuple(failures),
             restarts=self.plan.max_restarts,
             exited=exited,
             returncode=self.observed.returncode,
-            lost_master=lost,
-            relayed=relayed,
+            lost_master=self.session.lost_master(),
+            relayed=self.session.relayed(),
             idle=self.activity.idle() if alone and self.activity else None,
             hang_timeout=self.settings.hang_timeout or 0.0,  # one host: auto is off
             host=self.plan.topology.current_host,
@@ -280,14 +288,13 @@ class Supervisor:
         inside the collective (their peers closed the connection, or NCCL aborted) before
         those hosts had asked them for their records and stacks: the hosts hear the verdict
         at different moments, and each is as slow as its machine."""
-        member = self.member
-        if member is None:
+        session = self.session
+        if not session.coordinated:
             return None
         host = self.plan.topology.current_host
 
         def share() -> None:
-            member.post_records(culprit.local_ranks(self.run_dir, host))
-            member.hang_culprit()  # every host's records are in (or the wait is over)
+            session.share_records(culprit.local_ranks(self.run_dir, host))
 
         return share
 
@@ -297,36 +304,31 @@ class Supervisor:
         (PEER_STOPPED), as its word arrived. Its own, where it cuts a running script, is told
         to the other hosts with its moment before any rank here is signalled
         (ending.stop_cut_a_script)."""
-        observed, member = self.observed, self.member
+        observed, session = self.observed, self.session
         relayed = ending.record if ending.kind is EndingKind.PEER_STOPPED else None
         if ending.kind is not EndingKind.STOPPED and relayed is None:
             return
         if relayed is not None:
-            arrived = member.aborted_at if member is not None else None
-            name = relayed.stop.name if relayed.stop else "SIGTERM"  # its ranks get this signal now
-            observed.stop = StopSignal(name, arrived or time.time())
+            name = relayed.stop.name if relayed.stop else "SIGTERM"  # its ranks get this now
+            observed.stop = StopSignal(name, session.relayed_at() or time.time())
             return
         observed.stop = self.stop.came
         ended = {r for r in observed.launched if self.control.exiting(r).exists()}
-        if member is None or not stop_cut_a_script(observed, ended):
+        if not session.coordinated or not stop_cut_a_script(observed, ended):
             return
-        host, came = self.plan.topology.current_host, self.stop.came
+        came = self.stop.came
         assert came is not None  # a STOPPED ending: the handler noted it
-        code, what = came.exit_code, stopped_words(came, host)
-        member.post_failure(
-            RankRecord(host, None, returncode=code, what=what, stop=came, failed_at=came.at)
-        )
+        what = stopped_words(came, self.plan.topology.current_host)
+        session.post(session.host_failure(what, came.exit_code, came))
 
     def _teller(self, record: RankRecord) -> Callable[[], None] | None:
-        member = self.member
-        if member is None:
+        if not self.session.coordinated:
             return None
-        return lambda: member.post_failure(summarized(record, self.plan.max_restarts))
+        return lambda: self.session.post(summarized(record, self.plan.max_restarts))
 
     def clean_up(self, process: subprocess.Popen, pump: threading.Thread) -> None:
         """Nothing outlives the launcher; the last records read; the control folder gone."""
-        if self.member:
-            self.member.idle = None
+        self.session.report_idle(None)
         self.workers.signal(signal.SIGKILL)
         if process.poll() is None:
             process.kill()

@@ -404,7 +404,7 @@ def test_a_member_up_before_the_master_joins_soon_after_the_master_listens(monke
     coordinator.close()
 
 
-# -- trust: only the job's hosts take part (README, "The side channel") ----------------------
+# -- trust: only the job's hosts take part (docs/failure-stop-logs.md) ----------------------
 
 KEY = b"k" * 32
 HOSTS3 = ("algo-1", "algo-2", "algo-3")

@@ -390,13 +390,14 @@ def test_a_stop_that_comes_as_torchrun_exits_is_judged_by_its_moment(tmp_path, f
     before it, a stopped job when one was still running. A real process stands in for torchrun
     (it exits at once); the rank's record is the wrapper's."""
     from container_entry.common.stopping import Stop, StopSignal
+    from container_entry.hosts.session import Session
     from container_entry.supervise.supervisor import Supervisor
 
     plan = build_plan(make_env(environ={"SAGEMAKER_PROGRAM": "train.py"}))
     run_dir = RunDir(tmp_path / "run")
     run_dir.prepare()
     stop = Stop()
-    supervisor = Supervisor(plan, {}, run_dir, None, stop)
+    supervisor = Supervisor(plan, {}, run_dir, Session(plan, b""), stop)  # one host: no channel
     signalled = time.time()
     ended = signalled - 1.0 if finished else signalled + 0.5
     record = {"host": "algo-1", "rank": 0, "returncode": 0, "script_ended_at": ended}
