@@ -79,12 +79,13 @@ def _internal_error(command: str, error: BaseException) -> int:
 
     from container_entry.common.layout import RunDir
     from container_entry.common.logs import log, masked_text
+    from container_entry.diagnose.failure import internal_words
     from container_entry.plan.environment import base_dir_from
     from container_entry.supervise.ending import Verdict
     from container_entry.supervise.outcome import Outcome
 
     environ = dict(os.environ)
-    what = f"internal error: {type(error).__name__}: {escaped(str(error))}"
+    what = internal_words(error)
     folder = RunDir.of(base_dir_from(environ))
     path = folder.internal_error(int(time.time()))
     with contextlib.suppress(OSError):

@@ -21,6 +21,7 @@ from container_entry.common.exits import ExitCode
 from container_entry.common.layout import RunDir
 from container_entry.common.logs import log, register_secrets
 from container_entry.common.stopping import Stop
+from container_entry.diagnose.failure import error_words
 from container_entry.hosts import PeerFailure, network
 from container_entry.hosts.session import Session, session_key
 from container_entry.plan.code_source import CodeKind
@@ -194,8 +195,7 @@ def train(
             error = stop.requested()  # the stop's own exception, as the code it cut reshaped it
         stop.reporting()
         code = error.exit_code if isinstance(error, BootstrapError) else ExitCode.BAD_INPUT
-        # a failure relayed from another host is already in words
-        what = str(error) if isinstance(error, PeerFailure) else f"{type(error).__name__}: {error}"
+        what = error_words(error, relayed=isinstance(error, PeerFailure))
         log(f"error: {error}")
         if job:
             job.session.post(job.session.host_failure(what, code))

@@ -259,3 +259,46 @@ def summarized(record: RankRecord, restarts: int = 0) -> RankRecord:
 
 def _preflight(record: RankRecord) -> str:
     return "preflight failed, the script did not start: " if record.stage == "preflight" else ""
+
+
+def relayed_words(failure: RankRecord) -> str:
+    """A relayed failure as one phrase naming its host, for a host that started no worker."""
+    if failure.rank is not None:
+        return f"rank {failure.rank} on {failure.host} failed (exit code {failure.returncode})"
+    what = failure.what or f"exit code {failure.returncode}"
+    named = failure.host is None or names_host(what, failure.host)
+    return what if named else f"{failure.host}: {what}"
+
+
+def vanished_words(host: str, detail: str) -> str:
+    """What a host's vanishing looks like from the master. A killed process's socket is closed
+    by the kernel: a FIN, or a reset where our heartbeats were still unread in it."""
+    if detail in ("closed", "connection reset by peer"):
+        how = "closed" if detail == "closed" else "reset"
+        return (
+            f"host {host} left the job without a word (its side channel was {how}): its "
+            "bootstrap was killed or crashed"
+        )
+    return (
+        f"host {host} stopped answering ({detail}): its bootstrap died, froze or lost the network"
+    )
+
+
+def error_words(error: BaseException, relayed: bool = False) -> str:
+    """A bootstrap error that ended the job before its ranks could: its type and message, or,
+    relayed from another host, the words that host put it in."""
+    return str(error) if relayed else f"{type(error).__name__}: {error}"
+
+
+def internal_words(error: BaseException) -> str:
+    """A defect of ours, never the user's, named as such."""
+    return f"internal error: {type(error).__name__}: {escaped(str(error))}"
+
+
+HUNG = "hung:"  # how a hang's verdict begins (hang.is_hang knows it by it)
+
+
+def hung_words(timeout: float, hosts: int = 1) -> str:
+    """A hang's first line in the failure file (its culprit, where found: culprit.explained)."""
+    where = " on any host" if hosts > 1 else ""
+    return f"{HUNG} no output from any rank{where} for {timeout:g} s"

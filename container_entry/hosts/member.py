@@ -17,8 +17,8 @@ from typing import Any
 from container_entry.common.errors import NetworkError
 from container_entry.common.logs import log
 from container_entry.common.records import RankRecord
-from container_entry.common.text import names_host
 from container_entry.diagnose.culprit import RankCalls
+from container_entry.diagnose.failure import relayed_words
 from container_entry.hosts.gathering import CULPRIT_WAIT, fitted_ranks
 from container_entry.hosts.handshake import MemberHandshake, Refusal
 from container_entry.hosts.liveness import (
@@ -174,7 +174,7 @@ class Member:
         """A relayed failure before any worker started, in this host's own words."""
         failure = self.abort or RankRecord(host=None, rank=None, returncode=1)
         return PeerFailure(
-            f"{words(failure)}; {self.host} started no worker because of it",
+            f"{relayed_words(failure)}; {self.host} started no worker because of it",
             failure.returncode or 1,
         )
 
@@ -358,12 +358,3 @@ def _idle(idle: Callable[[], float | None] | None) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return min(max(float(value), 0.0), 1e12)
-
-
-def words(failure: RankRecord) -> str:
-    """A relayed failure as one phrase naming its host, for a host that started no worker."""
-    if failure.rank is not None:
-        return f"rank {failure.rank} on {failure.host} failed (exit code {failure.returncode})"
-    what = failure.what or f"exit code {failure.returncode}"
-    named = failure.host is None or names_host(what, failure.host)
-    return what if named else f"{failure.host}: {what}"

@@ -24,13 +24,15 @@ from container_entry.hosts.keys import job_key
 from container_entry.hosts.liveness import JOIN_VERDICT_GRACE
 from container_entry.hosts.master import Coordinator
 from container_entry.hosts.member import Member, PeerFailure
+from container_entry.plan import cluster
 from container_entry.plan.environment import Environment
 from container_entry.plan.plan import Plan
 
 
 def session_key(env: Environment) -> bytes:
-    """The key every host of this job derives alike for the side channel (hosts.keys)."""
-    return job_key(env.environ, env.resource_config, env.hyperparameters, env.input_data_config)
+    """The key every host of this job derives alike for the side channel (hosts.keys), from the
+    facts its cluster source gives every host alike (plan.cluster)."""
+    return job_key(env.environ, cluster.key_facts(env))
 
 
 class Session:
@@ -55,12 +57,12 @@ class Session:
         as the join leaves it (hosts of this job that share the machine share its cores).
         """
         plan, topology = self.plan, self.plan.topology
-        names = topology.wait_for
-        if plan.coordinated:  # the world's master (static) or its hosts (c10d), the coordinator
-            store = (plan.master_addr,) if plan.dials_store else ()
-            names = tuple(
-                dict.fromkeys((*(names if plan.max_restarts else store), plan.coordination_addr))
-            )
+        names = cluster.source_of(topology).names_to_wait_for(
+            topology,
+            c10d=plan.max_restarts > 0,
+            store=plan.master_addr if plan.dials_store else None,
+            side_channel=plan.coordination_addr if plan.coordinated else None,
+        )
         if names:
             network.wait_for_hosts(names, plan.settings.host_wait_timeout)
         if not plan.coordinated:

@@ -21,11 +21,12 @@ from container_entry.common.text import escaped
 from container_entry.diagnose.failure import (
     describe_exit,
     describe_rank,
+    hung_words,
     permanent,
     stack_lines,
     words,
 )
-from container_entry.diagnose.hang import hung_text, is_hang
+from container_entry.diagnose.hang import is_hang
 from container_entry.supervise.torchrun_output import USAGE_ERROR
 
 
@@ -81,7 +82,7 @@ def ending_of(seen: Seen) -> Ending | None:
     if seen.relayed is not None and is_hang(seen.relayed):
         return Ending(EndingKind.HUNG, seen.relayed)
     if seen.hang_timeout and seen.idle is not None and seen.idle >= seen.hang_timeout:
-        what = hung_text(seen.hang_timeout)
+        what = hung_words(seen.hang_timeout)
         record = RankRecord(host=seen.host, rank=None, returncode=ExitCode.HUNG, what=what)
         return Ending(EndingKind.HUNG, record)
     if seen.relayed is not None:

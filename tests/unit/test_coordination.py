@@ -860,9 +860,18 @@ def sagemaker_facts(host: str, **changes):
 
 
 def key_of(facts) -> bytes:
+    """The key a host derives from these files and variables (its cluster source's facts)."""
     from container_entry.hosts import job_key
+    from container_entry.plan.cluster import key_facts
+    from tests.unit.conftest import make_env
 
-    return job_key(**facts)
+    env = make_env(**facts)
+    return job_key(env.environ, key_facts(env))
+
+
+def bare_key(environ) -> bytes:
+    """The key of a host without SageMaker's files (a torchrun-style cluster, a secret)."""
+    return key_of({"environ": environ, "resource_config": None})
 
 
 def test_every_host_of_a_job_derives_the_same_key_and_another_job_another():
@@ -886,19 +895,16 @@ def test_a_secret_set_on_every_host_is_the_key_and_must_not_be_short():
     one = sagemaker_facts("algo-1", environ__CONTAINER_ENTRY_JOB_SECRET="s" * 16)
     other = sagemaker_facts("algo-2", environ=secret, hyperparameters={"x": "1"})
     assert key_of(one) == key_of(other) != key_of(sagemaker_facts("algo-1"))
-    assert job_key(secret, None, {}, {}) == key_of(one)
+    assert bare_key(secret) == key_of(one)
     with pytest.raises(ConfigError, match="CONTAINER_ENTRY_JOB_SECRET is 5 characters"):
-        job_key({"CONTAINER_ENTRY_JOB_SECRET": "short"}, None, {}, {})
+        job_key({"CONTAINER_ENTRY_JOB_SECRET": "short"}, {})
 
 
 def test_a_torchrun_style_cluster_keys_on_its_rendezvous_variables():
-    from container_entry.hosts import job_key
 
     node = {"PET_NNODES": "2", "PET_MASTER_ADDR": "job-master-0", "PET_MASTER_PORT": "23456"}
-    assert job_key({**node, "PET_NODE_RANK": "0"}, None, {}, {}) == job_key(
-        {**node, "PET_NODE_RANK": "1"}, None, {}, {}
-    )
-    assert job_key(node, None, {}, {}) != job_key({**node, "PET_NNODES": "3"}, None, {}, {})
+    assert bare_key({**node, "PET_NODE_RANK": "0"}) == bare_key({**node, "PET_NODE_RANK": "1"})
+    assert bare_key(node) != bare_key({**node, "PET_NNODES": "3"})
 
 
 def test_a_proof_binds_the_key_both_challenges_and_the_whole_join():
@@ -1119,9 +1125,9 @@ def test_a_master_whose_own_host_is_refused_says_why_and_tells_the_others(monkey
     monkeypatch.setattr(
         network, "addresses", lambda host: {"127.0.0.1"} if host == "algo-2" else {"10.9.9.9"}
     )
-    two = Member("algo-2", "127.0.0.1", port + 1, key=job_key({}, None, {}, {}))
+    two = Member("algo-2", "127.0.0.1", port + 1, key=job_key({}, {}))
     raised = background_join(two, 10)
-    master = Session(plan, key=job_key({}, None, {}, {}))
+    master = Session(plan, key=job_key({}, {}))
     try:
         with pytest.raises(NetworkError, match=r"refused this host \(not a host of this job: addr"):
             master.join()

@@ -12,7 +12,7 @@ from container_entry.common.exits import ExitCode
 from container_entry.common.layout import RunDir
 from container_entry.common.records import RankRecord
 from container_entry.common.stopping import StopSignal
-from container_entry.diagnose.hang import hung_text
+from container_entry.diagnose.failure import hung_words
 from container_entry.supervise.ending import (
     Ending,
     EndingKind,
@@ -30,7 +30,7 @@ def record(**fields) -> RankRecord:
 
 FAILURE = record(returncode=1, ended_at=5.0)
 PEER = RankRecord(host="algo-2", rank=3, returncode=1)
-HANG = RankRecord(host=None, rank=None, returncode=ExitCode.HUNG, what=hung_text(60, 2))
+HANG = RankRecord(host=None, rank=None, returncode=ExitCode.HUNG, what=hung_words(60, 2))
 STOP_WORDS = "job stopped by SIGINT on algo-2 (StopTrainingJob, Spot interruption or docker stop)"
 PEER_STOP = RankRecord(
     host="algo-2",
@@ -128,7 +128,7 @@ def test_the_first_of_several_local_failures_by_end_time():
 
 def test_the_hang_of_one_host_names_it():
     ending = ending_of(Seen(idle=10.0, hang_timeout=5.0, host="algo-1"))
-    assert ending.kind is EndingKind.HUNG and ending.record.what == hung_text(5.0)
+    assert ending.kind is EndingKind.HUNG and ending.record.what == hung_words(5.0)
     assert ending_of(Seen(idle=4.0, hang_timeout=5.0)) is None
     assert ending_of(Seen(idle=100.0, hang_timeout=0.0)) is None  # off
 
@@ -245,7 +245,7 @@ def test_the_failure_file_starts_with_the_verdict_then_where_each_rank_was(tmp_p
         '  File "/opt/ml/code/train.py", line 8 in stuck\n'
         '  File "/opt/ml/code/train.py", line 12 in <module>\n'
     )
-    what = hung_text(600, hosts=2)
+    what = hung_words(600, hosts=2)
     hung = RankRecord(host=None, rank=None, returncode=ExitCode.HUNG, what=what)
     run = Observed()
     run.results[1] = RankRecord(host="algo-2", rank=1, returncode=-15, signal="SIGTERM")
