@@ -66,35 +66,30 @@ def signal_tree(pid: int, sig: signal.Signals, done: set[int] | None = None) -> 
             done.add(group)
 
 
-def _cmdline(pid: int) -> list[bytes]:
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash"})  # a shell's process name
+
+
+def _is_shell(pid: int) -> bool:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        return Path(f"/proc/{pid}/comm").read_text().strip() in SHELLS
     except OSError:
-        return []
-
-
-def _workers_die_with(pid: int) -> bool:
-    """`pid` started workers through Python's multiprocessing (spawn or forkserver children
-    carry `--multiprocessing-fork`; forked ones its own command line): torch's
-    (`torch.multiprocessing.spawn`, `start_processes`) get SIGINT when their parent dies."""
-    own = _cmdline(pid)
-    for child in children(pid):
-        argv = _cmdline(child)
-        if b"--multiprocessing-fork" in argv or (argv and argv == own):
-            return True
-    return False
+        return False
 
 
 def stop_launched(pid: int, sig: signal.Signals, done: set[int]) -> None:
     """A stop for a tree of processes the user's own launcher started (the entry point once on
-    its host, SDK v3's start as it is): `sig` to `pid` and every process below it, but a
-    launcher that has no handler for it and whose workers would die with it: their
-    checkpoint would be cut (torch.multiprocessing.spawn's workers get SIGINT when their parent
-    dies); it ends with them, as a launcher waits for its workers. A shell dies of it, as
-    before; what it started goes on to the end of its own handler. Each process once (`done`:
-    the pids already signalled, kept across calls, so one that appears later gets it too)."""
+    its host, SDK v3's start as it is, the base image's toolkit): `sig` to `pid` and every
+    process below it, but a launcher that has no handler for it while its workers run. It ends
+    with them, as a launcher waits for its workers and reports them (the toolkit writes its
+    failure file); its death would cut their checkpoint (torch.multiprocessing.spawn's workers
+    get SIGINT when their parent dies). A shell dies of it, as a shell does: it goes on to no
+    further command; what it started goes on to the end of its own handler. Each process once
+    (`done`: the pids already signalled, kept across calls, so one that appears later gets it
+    too)."""
     for process in [pid, *descendants(pid)]:
-        if process in done or (not catches(process, sig) and _workers_die_with(process)):
+        if process in done:
+            continue
+        if not catches(process, sig) and children(process) and not _is_shell(process):
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(process, sig)

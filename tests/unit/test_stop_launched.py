@@ -1,8 +1,9 @@
 """A stop for a tree the user's own launcher started (common.workers.stop_launched), on real
-processes: every process gets the signal but a launcher that has no handler for it and whose
-workers would die with it (multiprocessing's: torch.multiprocessing.spawn's workers get SIGINT
-when their parent dies, which would cut their checkpoint); it ends with them. A shell dies of
-the stop as it always did; what it started goes on to the end of its own handler."""
+processes: every process gets the signal but a launcher that has no handler for it while its
+workers run; it ends with them and reports them (the base image's toolkit writes its failure
+file; torch.multiprocessing.spawn's workers get SIGINT when their parent dies, which would cut
+their checkpoint). A shell dies of the stop as it always did; what it started goes on to the
+end of its own handler."""
 
 from __future__ import annotations
 
@@ -44,6 +45,13 @@ if __name__ == "__main__":
     worker.join()
     open(sys.argv[1] + ".launcher", "w").write(str(worker.exitcode))
 """
+# the base image's toolkit: a Python launcher with no handler that runs its command through
+# subprocess and reports how it ended (it writes the failure file)
+REPORTS = """
+import subprocess, sys
+code = subprocess.call(sys.argv[2:])
+open(sys.argv[1] + ".launcher", "w").write(str(code))
+"""
 
 
 def start(argv: list[str]) -> subprocess.Popen:
@@ -64,6 +72,26 @@ def test_a_multiprocessing_launcher_without_a_handler_outlives_its_workers_stop(
         assert launcher.pid not in done and worker in done  # the launcher is spared
         assert launcher.wait(timeout=30) == 0  # it ended on its own, after its worker
         assert noted.read_text() == "noted"  # the worker ran its handler to its end
+        assert (tmp_path / "noted.launcher").read_text() == "0"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
+def test_a_launcher_without_a_handler_reports_its_workers_end(tmp_path: Path):
+    noted = tmp_path / "noted"
+    (tmp_path / "toolkit.py").write_text(REPORTS)
+    (tmp_path / "worker.py").write_text(HANDLES)
+    worker_argv = [sys.executable, str(tmp_path / "worker.py"), str(noted)]
+    launcher = start([sys.executable, str(tmp_path / "toolkit.py"), str(noted), *worker_argv])
+    try:
+        assert launcher.stdout is not None and launcher.stdout.readline() == "ready\n"
+        (worker,) = children(launcher.pid)
+        done: set[int] = set()
+        stop_launched(launcher.pid, signal.SIGTERM, done)
+        assert done == {worker}  # the launcher is spared: it reports its worker's end
+        assert launcher.wait(timeout=30) == 0
+        assert noted.read_text() == "noted"
         assert (tmp_path / "noted.launcher").read_text() == "0"
     finally:
         if launcher.poll() is None:
