@@ -78,33 +78,39 @@ def _internal_error(command: str, error: BaseException) -> int:
     import traceback
 
     from container_entry.common.layout import RunDir
-    from container_entry.common.logs import log, redact
+    from container_entry.common.logs import log, masked_text
+    from container_entry.diagnose.failure import internal_words
     from container_entry.plan.environment import base_dir_from
+    from container_entry.supervise.ending import Verdict
     from container_entry.supervise.outcome import Outcome
 
     environ = dict(os.environ)
-    what = f"internal error: {type(error).__name__}: {escaped(str(error))}"
+    what = internal_words(error)
     folder = RunDir.of(base_dir_from(environ))
     path = folder.internal_error(int(time.time()))
     with contextlib.suppress(OSError):
         folder.path.mkdir(parents=True, exist_ok=True)
-        text = redact("".join(traceback.format_exception(error)))  # uploaded with the output
+        text = masked_text("".join(traceback.format_exception(error)))  # uploaded with the output
         path.write_text(text, encoding="utf-8", errors=register())
     shown = escaped(str(path))
     log(f"{what} (a defect of container-entry; traceback in {shown})")
     if command == "train":
-        Outcome(base_dir_from(environ)).failure(what, [f"traceback: {shown}"])
+        traceback_line = [f"traceback: {shown}"]
+        return Outcome(base_dir_from(environ)).write(
+            Verdict(ExitCode.INTERNAL, what, traceback_line)
+        )
     return ExitCode.INTERNAL
 
 
 def _stopped(stop: StopRequested) -> int:
     """A stop before train() could take over its own reporting: one line, a failure file."""
     from container_entry.plan.environment import base_dir_from
+    from container_entry.supervise.ending import Verdict
     from container_entry.supervise.outcome import Outcome
 
     print(f"[container-entry] {stop}", file=sys.stderr, flush=True)
-    Outcome(base_dir_from(os.environ)).failure(f"StopRequested: {stop}")
-    return stop.exit_code
+    verdict = Verdict(stop.exit_code, f"StopRequested: {stop}", [])
+    return Outcome(base_dir_from(os.environ)).write(verdict)
 
 
 def _guarded(
@@ -117,18 +123,18 @@ def _guarded(
         return run(args)
     except StopRequested as stopped:
         if stop is not None:
-            stop.raising = False  # a second signal must not interrupt the report
+            stop.reporting()  # a second signal must not interrupt the report
         return _stopped(stopped)
     except KeyboardInterrupt:  # SIGINT under Python's own handler (not `train`'s)
         if stop is None:
             raise
-        stop.raising = False
+        stop.reporting()
         return _stopped(StopRequested("stopped by SIGINT before the workers started", "SIGINT"))
     except SystemExit:
         raise
     except BaseException as error:
         if stop is not None:
-            stop.raising = False
+            stop.reporting()
             if stop.cut_start:  # the stop's own exception, as the code it cut reshaped it
                 return _stopped(stop.requested())
         return _internal_error(command, error)
@@ -161,7 +167,7 @@ def train_command(cli_args: Sequence[str], sdk: SdkJob | None = None) -> int:
 
             stop.install()  # takes over from record_early: a stop noted there raises here
             stop.check()
-            return train(args, stop, sdk=sdk, torchrun=torchrun)
+            return train(args, stop, torchrun, sdk=sdk)
         finally:
             torchrun.discard()  # never launched (a failure, a stop, a dry run): ended
 

@@ -1,6 +1,6 @@
 """One host's part of a training job: resolve, join the others, prepare, preflight, launch,
 report. Every outcome leaves `<base>/output/success` or `<base>/output/failure` and an exit
-code with a meaning (README, "Failure, stop and logs")."""
+code with a meaning (docs/failure-stop-logs.md)."""
 
 from __future__ import annotations
 
@@ -20,13 +20,11 @@ from container_entry.common.errors import (
 from container_entry.common.exits import ExitCode
 from container_entry.common.layout import RunDir
 from container_entry.common.logs import log, register_secrets
-from container_entry.common.records import RankRecord
 from container_entry.common.stopping import Stop
-from container_entry.diagnose import culprit
-from container_entry.diagnose.failure import is_collective_timeout, summarized
-from container_entry.hosts import SETTLE_SECONDS, PeerFailure, network
+from container_entry.diagnose.failure import error_words
+from container_entry.hosts import PeerFailure, network
 from container_entry.hosts.session import Session, session_key
-from container_entry.plan.code_source import Kind as CodeKind
+from container_entry.plan.code_source import CodeKind
 from container_entry.plan.environment import (
     Environment,
     base_dir_from,
@@ -38,16 +36,11 @@ from container_entry.plan.plan import Plan, build_plan
 from container_entry.plan.sdk_driver import SdkJob
 from container_entry.rank.torch_gpus import check_visible_gpus
 from container_entry.supervise import user_code
-from container_entry.supervise.ending import Ending, Kind, Observed, verdict
+from container_entry.supervise.ending import Ending, EndingKind, Observed, Verdict
 from container_entry.supervise.outcome import Outcome
 from container_entry.supervise.prestart import Prestarted
 from container_entry.supervise.supervisor import Supervisor
-from container_entry.supervise.torchrun_process import child_environment
 from container_entry.supervise.unchanged import run_unchanged
-
-# for the master's final word on which failure was the job's first: it comes once every host
-# settled, at the latest decision.SETTLE_SECONDS after the first failure reached the master
-FIRST_FAILURE_WAIT = SETTLE_SECONDS + 2.0
 
 
 def toolkit_command(python: str) -> list[str]:
@@ -86,7 +79,7 @@ class Job:
         stop: Stop,
         *,
         key: bytes = b"",
-        torchrun: Prestarted | None = None,
+        torchrun: Prestarted,
         env: Environment | None = None,
     ) -> None:
         self.plan = plan
@@ -96,14 +89,8 @@ class Job:
         self.stop = stop
         self.session = Session(plan, key)  # the side channel (key: hosts.session.session_key)
         self.run_dir = RunDir.of(base)
-        self.torchrun = torchrun  # started by the cli before the plan existed, or by prestart()
+        self.torchrun = torchrun  # started by the cli before the plan existed
         self.succeeded = False
-
-    def prestart(self) -> None:
-        """torchrun's interpreter imports torch while this host joins and prepares."""
-        if self.torchrun is None:
-            env = child_environment(self.plan, self.environ)
-            self.torchrun = Prestarted(self.plan.argv[0], env)
 
     def prepare(self) -> None:
         plan = self.plan
@@ -145,116 +132,37 @@ class Job:
         log(f"preflight: {checks}; all_reduce across {hosts} host{'s' * (hosts > 1)}")
 
     def execute(self, outcome: Outcome) -> int:
-        self.prestart()
         self.plan = self.session.join()
         self.prepare()
         self.announce_preflight()
-        supervisor = self.supervisor()
-        ending = supervisor.before_launch() or supervisor.monitor(supervisor.launch())
-        ending = self._agree_on_first_failure(ending, supervisor.observed)
-        ending = self._explain(ending)
-        return self.report(outcome, ending, supervisor.observed)
-
-    def supervisor(self) -> Supervisor:
-        return Supervisor(
-            self.plan,
-            self.environ,
-            self.run_dir,
-            self.session.member,
-            self.stop,
-            self.torchrun,
-            peers_running=self.session.peers_running(),
+        supervisor = Supervisor(
+            self.plan, self.environ, self.run_dir, self.session, self.stop, self.torchrun
         )
+        ending, result = supervisor.run()
+        return self.report(outcome, ending, result, supervisor.observed)
 
-    def report(self, outcome: Outcome, ending: Ending, run: Observed) -> int:
+    def report(self, outcome: Outcome, ending: Ending, result: Verdict, run: Observed) -> int:
         """The verdict in the outcome files, and to the other hosts when it is a failure."""
-        result = verdict(ending, run, self.plan.topology.current_host, self.run_dir)
         if result.exit_code == ExitCode.SUCCESS:
             log("training finished: all workers exited 0")
-            outcome.success()
             self.succeeded = True
-            return result.exit_code
+            return outcome.write(result)
         log(f"failed: {result.reason}")
-        stop = self.stop
-        mine = ending.kind is Kind.STOPPED and stop.signal is not None
-        told = (stop.signal or "", stop.at) if mine else None  # a stop has a moment
-        self.session.post_failure(result.reason, result.exit_code, told)  # unless posted
+        told = self.stop.came if ending.kind is EndingKind.STOPPED else None  # with its moment
+        self.session.post(self.session.host_failure(result.reason, result.exit_code, told))
         ranks = {str(rank): record.to_json() for rank, record in sorted(run.results.items())}
-        outcome.failure(result.reason, result.details, {"reason": result.reason, "ranks": ranks})
-        return result.exit_code
-
-    def _agree_on_first_failure(self, ending: Ending, run: Observed) -> Ending:
-        """Several hosts: the job has one first failure, and the master decides which (two
-        ranks failing on two hosts within milliseconds each looks first from its own host).
-        This host posts its own earliest failure, unless it ended after another host's was
-        heard of (then it is likely a consequence), and writes what the master decided. One
-        host (or one that lost its master) keeps its own earliest (`_earliest_of_this_host`)."""
-        member = self.session.member
-        own = [r for r in run.results.values() if r.failed_on_its_own]
-        earliest = min(own, key=lambda r: r.began or float("inf"), default=None)
-        if member is None or member.lost_master:
-            return self._earliest_of_this_host(ending, earliest)
-        if ending.kind not in (Kind.FAILED, Kind.PEER_FAILED):
-            # a hang or a stop: its verdict (posted later) has no start to order it by, so it
-            # never takes the place of a decided failure; the others need not wait for it
-            member.settle()
-            return ending
-        if earliest is not None:
-            member.post_failure(summarized(earliest, self.plan.max_restarts))
-        member.settle()
-        first = member.first_failure(FIRST_FAILURE_WAIT)
-        if first is None:
-            return ending
-        mine = first.host == self.plan.topology.current_host and first.rank in run.results
-        return Ending(Kind.FAILED if mine else Kind.PEER_FAILED, first)
-
-    @staticmethod
-    def _earliest_of_this_host(ending: Ending, earliest: RankRecord | None) -> Ending:
-        """One host: the failure decided at the first look is the first record to arrive; a
-        rank whose failure began earlier may end later (its exit teardown outlasts its peers'
-        errors about it), so the earliest to begin among every record, once all are in."""
-        if ending.kind is not Kind.FAILED or ending.record is None or earliest is None:
-            return ending
-        if earliest.rank == ending.record.rank or (earliest.began or 0) >= (
-            ending.record.began or float("inf")
-        ):
-            return ending  # keeps what the first look added (a CUDA OOM's memory holders)
-        return Ending(Kind.FAILED, earliest)
-
-    def _explain(self, ending: Ending) -> Ending:
-        """A hang's first line, or a collective timeout's, names its culprit where the ranks'
-        collective records show one: this host's records alone, or every host's as the master
-        lined them up."""
-        record = ending.record
-        if record is None:
-            return ending
-        timed_out = ending.kind in (Kind.FAILED, Kind.PEER_FAILED) and is_collective_timeout(record)
-        if ending.kind is not Kind.HUNG and not timed_out:
-            return ending
-        member = self.session.member
-        if member is None:
-            ranks = culprit.local_ranks(self.run_dir, self.plan.topology.current_host)
-            found = culprit.analyse(ranks)
-        elif member.lost_master:
-            return ending
-        else:
-            found = member.hang_culprit()
-        if timed_out:
-            return replace(ending, culprit=found)
-        what = culprit.explained(record.what or "hung", found)
-        return Ending(Kind.HUNG, replace(record, what=what))
+        return outcome.write(result, {"reason": result.reason, "ranks": ranks})
 
     def finish(self) -> None:
-        if self.torchrun:  # never launched: the job ended before (a failure, a stop)
-            self.torchrun.discard()
+        self.torchrun.discard()  # never launched: the job ended before (a failure, a stop)
         self.session.close(self.succeeded)
 
 
 def train(
     cli_args: Sequence[str],
     stop: Stop,
+    torchrun: Prestarted,
     sdk: SdkJob | None = None,
-    torchrun: Prestarted | None = None,
 ) -> int:
     """Resolve, join, prepare, launch; every outcome leaves a success or failure file. `sdk`:
     SageMaker SDK v3's start, taken over (sdk_start); `torchrun`: its interpreter, already
@@ -285,19 +193,18 @@ def train(
     except (BootstrapError, OSError) as error:
         if stop.cut_start and not isinstance(error, StopRequested):
             error = stop.requested()  # the stop's own exception, as the code it cut reshaped it
-        stop.raising = False  # a stop now must not interrupt the report
+        stop.reporting()
         code = error.exit_code if isinstance(error, BootstrapError) else ExitCode.BAD_INPUT
-        # a failure relayed from another host is already in words
-        what = str(error) if isinstance(error, PeerFailure) else f"{type(error).__name__}: {error}"
+        what = error_words(error, relayed=isinstance(error, PeerFailure))
         log(f"error: {error}")
-        outcome.failure(what)
         if job:
-            job.session.post_failure(what, code)
-        return code
+            job.session.post(job.session.host_failure(what, code))
+        return outcome.write(Verdict(code, what, []))
     except BaseException:
-        stop.raising = False
+        stop.reporting()
         if job:
-            job.session.post_failure("internal error of container-entry", ExitCode.INTERNAL)
+            what = "internal error of container-entry"
+            job.session.post(job.session.host_failure(what, ExitCode.INTERNAL))
         raise
     finally:
         stop.after_workers()

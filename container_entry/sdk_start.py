@@ -2,7 +2,7 @@
 
 docker/sdk-hook.bash runs this in place of the PID 1 bash that SageMaker SDK v3 starts
 (`ModelTrainer` with `source_code`), with the shell's own argv and the stop signal it noted
-before the exec, if any. `sdk_driver.decide` judges the SDK's files: our launcher takes the job
+before the exec, if any. `sdk_driver.judge` judges the SDK's files: our launcher takes the job
 over (`train`, with the SDK's entry script, hyperparameters, requirements and SM_* variables),
 or the SDK's start runs as it is, as a child of ours, so that a stop still reaches it (PID 1
 bash would drop it).
@@ -27,13 +27,13 @@ STOP_GRACE_DEFAULT = 100.0
 def judged(shell_argv: Sequence[str], environ: Mapping[str, str]) -> sdk_driver.Decision:
     """The SDK's files as they are here, judged; reading never fails (what cannot be read is
     a layout this release does not know, or the plan's to report)."""
-    from container_entry.plan.environment import read_json
+    from container_entry.plan.environment import read_config
 
     base = base_dir_from(environ)
     hyperparameters: dict = {}
     with contextlib.suppress(Exception):
-        hyperparameters = read_json(base / "input" / "config" / "hyperparameters.json")
-    return sdk_driver.decide(
+        hyperparameters = read_config(base / "input" / "config" / "hyperparameters.json")
+    return sdk_driver.judge(
         shell_argv,
         sdk_driver.read_files(base),
         base,
@@ -58,7 +58,7 @@ def _grace(environ: Mapping[str, str]) -> float:
 def run_unchanged(shell_argv: Sequence[str], environ: Mapping[str, str]) -> int:
     """The SDK's start exactly as it would have run, under our stop (supervise/unchanged.py)."""
     stop = stopping.Stop()
-    stop.raising = False  # never raised: every stop is the child's to answer
+    stop.workers_started()  # never raised: every stop is the child's to answer
     stop.install()
     outcome = Outcome(base_dir_from(environ))
     return unchanged.run_unchanged(

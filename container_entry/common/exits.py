@@ -1,5 +1,5 @@
-"""The container's exit codes, the one home of each (README, "Exit codes"), and the names of the
-signals they come from. Stdlib only: the per-rank wrapper uses it too."""
+"""The container's exit codes, the one home of each (docs/failure-stop-logs.md, "Exit codes"),
+and the names of the signals they come from. Stdlib only: the per-rank wrapper uses it too."""
 
 from __future__ import annotations
 

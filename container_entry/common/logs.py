@@ -8,9 +8,12 @@ from collections.abc import Iterable
 
 from container_entry.common.masking import Masker
 
+# every line of ours starts with it: the bootstrap's, and those we print into a rank's own output
+# (the preflight's, the rank wrapper's, the script's exit teardown), which a failure's hint and
+# last words must never take for the script's (`ours`)
 PREFIX = "[container-entry]"
 # every secret the plan found, in every form it is shown in (masking.encoded_forms): applied to
-# each line and file we write and to torchrun's output (launch.TorchrunOutput)
+# each line and file we write and to torchrun's output (supervise.torchrun_output)
 MASKER = Masker()
 
 
@@ -20,7 +23,12 @@ def register_secrets(values: Iterable[str]) -> None:
     MASKER.add(values)
 
 
-def redact(text: str) -> str:
+def ours(line: str) -> bool:
+    """A line we printed, not the script (PREFIX)."""
+    return line.lstrip().startswith(PREFIX)
+
+
+def masked_text(text: str) -> str:
     return MASKER.text(text)
 
 
@@ -30,7 +38,7 @@ def log(message: str) -> None:
     from container_entry.common.console import locked_write
     from container_entry.common.text import encoded
 
-    text = "".join(f"{PREFIX} {line}\n" for line in redact(message).splitlines() or [""])
+    text = "".join(f"{PREFIX} {line}\n" for line in masked_text(message).splitlines() or [""])
     stream = sys.stderr
     if stream is None:  # no stderr at all: the failure file still says it
         return

@@ -232,15 +232,15 @@ def mask_text(text: str, secrets: Sequence[str]) -> str:
     return _masked(text, [secret for secret in secrets if secret], MASK)
 
 
-def redact(obj: Any, secrets: Sequence[str]) -> Any:
+def masked_object(obj: Any, secrets: Sequence[str]) -> Any:
     """Mask every secret inside the strings of a JSON-like structure, keys included (SM_HPS
     embeds them); masked before it is encoded, as `Masker` forms match encoded text too."""
     if isinstance(obj, str):
         return mask_text(obj, secrets)
     if isinstance(obj, dict):
-        return {redact(k, secrets): redact(v, secrets) for k, v in obj.items()}
+        return {masked_object(k, secrets): masked_object(v, secrets) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [redact(v, secrets) for v in obj]
+        return [masked_object(v, secrets) for v in obj]
     return obj
 
 
@@ -315,7 +315,7 @@ class Masker:
         return 0
 
     def obj(self, obj: Any) -> Any:
-        return redact(obj, self.secrets)
+        return masked_object(obj, self.secrets)
 
 
 def _longest_first(form: _T) -> tuple[int, _T]:

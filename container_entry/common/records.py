@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from container_entry.common.stopping import StopSignal
+
 # What a rank's exception says when a peer's end broke its connection: its failure is the
 # consequence of the peer's. gloo closes a pair in C++ when its collective times out, before
 # that rank's Python prints its traceback, so the victim's traceback could start first (8 ms,
@@ -55,8 +57,9 @@ class RankRecord:
     exception: dict[str, str] | None = None  # {"type", "message"}
     fatal_error: str | None = None  # faulthandler's "Fatal Python error: ..." line
     last_words: str | None = None  # the last stderr line of a failed script
-    stop_signal: str | None = None  # a stop the wrapper saw before the script ended
-    stop_requested_at: float | None = None
+    # a stop the rank's wrapper saw before the script ended, as it came (its signal, when); a
+    # host's stop, as its bootstrap relays it (no rank: `host_stopped`)
+    stop: StopSignal | None = None
     started_at: float | None = None
     # when the failure began, as its wrapper saw it: the start of the script's last traceback,
     # else of its exit teardown (both come before the rank's sockets close, so a peer's error
@@ -95,20 +98,15 @@ class RankRecord:
         signal meanwhile has no status of its own to report: another rank names the failure."""
         if not self.failed:
             return False
-        if not self.stop_signal:
+        if self.stop is None:
             return True
-        return (
-            self.returncode > 0
-            and self.failed_at is not None
-            and self.stop_requested_at is not None
-            and self.failed_at < self.stop_requested_at
-        )
+        return self.returncode > 0 and self.failed_at is not None and self.failed_at < self.stop.at
 
     @property
     def host_stopped(self) -> bool:
-        """A host's stop as its bootstrap relays it (no rank's record: a rank's stop_signal
-        is the stop its wrapper saw)."""
-        return self.rank is None and self.stop_signal is not None
+        """A host's stop as its bootstrap relays it (no rank's record: a rank's stop is the
+        stop its wrapper saw)."""
+        return self.rank is None and self.stop is not None
 
     @property
     def began(self) -> float | None:
@@ -120,7 +118,7 @@ class RankRecord:
     def relayed(self) -> dict[str, Any]:
         """What another host needs to name this failure (no logs, no tail)."""
         data = self.to_json()
-        local = ("stderr_tail", "log", "started_at", "stop_requested_at")
+        local = ("stderr_tail", "log", "started_at")
         for name in (*local, "log_error", "console_error"):
             data.pop(name)
         return data
@@ -128,7 +126,10 @@ class RankRecord:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> RankRecord:
         names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        values = {k: v for k, v in data.items() if k in names}
+        if "stop" in values:
+            values["stop"] = StopSignal.from_json(values["stop"])
+        return cls(**values)
 
 
 @dataclass(frozen=True)

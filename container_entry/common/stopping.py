@@ -22,11 +22,57 @@ import select
 import signal
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 from container_entry.common.errors import StopRequested
-from container_entry.common.exits import signal_name
+from container_entry.common.exits import of_signal, signal_name, signal_number
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+@dataclass(frozen=True)
+class StopSignal:
+    """A stop as it came: the signal (its name, `SIGTERM`) and the moment (epoch seconds). The
+    one type a stop travels in: from the bootstrap's handler (`Stop.came`) to what the run saw
+    (`Observed.stop`), to every rank (the control folder's stop file, `text`/`read`), in each
+    rank's record and to the other hosts (`RankRecord.stop`)."""
+
+    name: str
+    at: float
+
+    @property
+    def number(self) -> int:
+        return signal_number(self.name) or int(signal.SIGTERM)
+
+    @property
+    def exit_code(self) -> int:
+        """What a job stopped by it exits with: 128+N (143 SIGTERM, 130 SIGINT, 129 SIGHUP)."""
+        return of_signal(self.number)
+
+    def text(self) -> str:
+        return f"{self.name} {self.at!r}"
+
+    @classmethod
+    def read(cls, text: str) -> StopSignal | None:
+        """The stop file's content; None for what no stop writes."""
+        name, _, at = text.strip().partition(" ")
+        try:
+            moment = float(at)
+        except ValueError:
+            return None
+        return cls(name, moment) if signal_number(name) is not None else None
+
+    def to_json(self) -> dict[str, object]:
+        return {"name": self.name, "at": self.at}
+
+    @classmethod
+    def from_json(cls, data: object) -> StopSignal | None:
+        if isinstance(data, StopSignal) or data is None:
+            return data
+        if isinstance(data, dict) and isinstance(data.get("name"), str):
+            at = data.get("at")
+            return cls(data["name"], float(at) if isinstance(at, int | float) else 0.0)
+        return None
 
 
 class _Early:
@@ -103,14 +149,21 @@ def release_early() -> None:
 
 class Stop:
     def __init__(self) -> None:
-        self.signal: str | None = None
-        self.at: float | None = None
+        self.came: StopSignal | None = None  # the first stop signal, as it came
         self.raising = True  # until the workers start
         self.cut_start = False  # a stop came before the workers started
         self._read, self._write = os.pipe()
         os.set_blocking(self._read, False)
         os.set_blocking(self._write, False)
         self._previous: dict[int, signal._HANDLER] = {}
+
+    @property
+    def signal(self) -> str | None:
+        return self.came.name if self.came else None
+
+    @property
+    def at(self) -> float | None:
+        return self.came.at if self.came else None
 
     def install(self) -> None:
         for sig in STOP_SIGNALS:
@@ -119,8 +172,8 @@ class Stop:
                 previous = _early_previous.get(sig, signal.SIG_DFL)
             self._previous.setdefault(sig, previous)
         _early_previous.clear()
-        if _Early.signal is not None and self.signal is None:  # it came before this handler
-            self.signal, self.at = _Early.signal, _Early.at
+        if _Early.signal is not None and self.came is None:  # it came before this handler
+            self.came = StopSignal(_Early.signal, _Early.at or time.time())
             self.cut_start = True
             with contextlib.suppress(OSError):
                 os.write(self._write, b"\0")
@@ -138,10 +191,9 @@ class Stop:
         )
 
     def _handle(self, signum: int, _frame: object) -> None:
-        first = self.signal is None
+        first = self.came is None
         if first:
-            self.signal = signal_name(signum)
-            self.at = time.time()
+            self.came = StopSignal(signal_name(signum), time.time())
         with contextlib.suppress(OSError):
             os.write(self._write, b"\0")
         if first and self.raising:
@@ -166,6 +218,16 @@ class Stop:
         with contextlib.suppress(BlockingIOError, InterruptedError):
             while os.read(self._read, 512):
                 pass
+
+    def workers_started(self) -> None:
+        """From now on a stop is the workers' to answer (the monitor delivers it): noted, never
+        raised."""
+        self.raising = False
+
+    def reporting(self) -> None:
+        """The run ended before its workers could answer a stop: a stop now must not interrupt
+        the report; it is noted (the report says so where it matters)."""
+        self.raising = False
 
     def after_workers(self) -> None:
         """The workers have finished and the outcome is written: a stop now changes nothing."""

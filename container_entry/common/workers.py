@@ -66,18 +66,34 @@ def signal_tree(pid: int, sig: signal.Signals, done: set[int] | None = None) -> 
             done.add(group)
 
 
+SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "ash"})  # a shell's process name
+
+
+def _is_shell(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() in SHELLS
+    except OSError:
+        return False
+
+
 def stop_launched(pid: int, sig: signal.Signals, done: set[int]) -> None:
     """A stop for a tree of processes the user's own launcher started (the entry point once on
-    its host, SDK v3's start as it is): `sig` to every process below `pid`, and to `pid`, that
-    handles it or has no child; a launcher that would die of it (no handler) while its workers
-    still run is left to end with them, as a launcher waits for its workers. (Its death would
-    cut their checkpoint: torch.multiprocessing.spawn's workers get SIGINT when their parent
-    dies.) Each process once (`done`: the pids already signalled, kept across calls)."""
+    its host, SDK v3's start as it is, the base image's toolkit): `sig` to `pid` and every
+    process below it, but a launcher that has no handler for it while its workers run. It ends
+    with them, as a launcher waits for its workers and reports them (the toolkit writes its
+    failure file); its death would cut their checkpoint (torch.multiprocessing.spawn's workers
+    get SIGINT when their parent dies). A shell dies of it, as a shell does: it goes on to no
+    further command; what it started goes on to the end of its own handler. Each process once
+    (`done`: the pids already signalled, kept across calls, so one that appears later gets it
+    too)."""
     for process in [pid, *descendants(pid)]:
-        if process not in done and (catches(process, sig) or not children(process)):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(process, sig)
-            done.add(process)
+        if process in done:
+            continue
+        if not catches(process, sig) and children(process) and not _is_shell(process):
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(process, sig)
+        done.add(process)
 
 
 def childless(pid: int) -> bool:

@@ -66,7 +66,7 @@ class Call:
 
 
 @dataclass
-class Rank:
+class RankCalls:
     """One rank's facts for the analysis."""
 
     rank: int
@@ -191,7 +191,7 @@ def ranges(ranks: Iterable[int]) -> str:
     return f"rank{'s' if len(items) > 1 else ''} {', '.join(parts)}"
 
 
-def _on_hosts(ranks: Sequence[Rank]) -> str:
+def _on_hosts(ranks: Sequence[RankCalls]) -> str:
     """'rank 3 on algo-2', 'ranks 3, 5 on algo-2 and rank 9 on algo-3'."""
     by_host: dict[str, list[int]] = {}
     for rank in sorted(ranks, key=lambda r: r.rank):
@@ -212,7 +212,7 @@ def _clock(seconds: float | None) -> str:
     return " since " + time.strftime("%H:%M:%S UTC", time.gmtime(seconds))
 
 
-def analyse(ranks: Sequence[Rank]) -> str | None:
+def analyse(ranks: Sequence[RankCalls]) -> str | None:
     """The verdict's words, or None when the records show no pending collective to blame."""
     names = sorted({c.group for r in ranks for c in r.calls}, key=lambda n: (n != "0", n))
     for name in names:
@@ -222,13 +222,13 @@ def analyse(ranks: Sequence[Rank]) -> str | None:
     return None
 
 
-def _members(ranks: Sequence[Rank], name: str) -> list[Rank]:
+def _members(ranks: Sequence[RankCalls], name: str) -> list[RankCalls]:
     """The ranks of group `name`: as its config says, else those that recorded in it."""
     listed = {n for r in ranks for n in r.groups.get(name, ("", ()))[1]}
     return [r for r in ranks if r.rank in listed or any(c.group == name for c in r.calls)]
 
 
-def _desync(ranks: Sequence[Rank], name: str) -> str | None:
+def _desync(ranks: Sequence[RankCalls], name: str) -> str | None:
     """The first sequence number at which ranks of the group recorded different calls."""
     by_seq: dict[int, dict[str, list[int]]] = {}
     for rank in ranks:
@@ -245,12 +245,12 @@ def _desync(ranks: Sequence[Rank], name: str) -> str | None:
     return None
 
 
-def _describe(ranks: Sequence[Rank], name: str) -> str:
+def _describe(ranks: Sequence[RankCalls], name: str) -> str:
     desc = next((r.groups[name][0] for r in ranks if name in r.groups), "")
     return group_name(name, desc)
 
 
-def _missing(ranks: Sequence[Rank], name: str) -> str | None:
+def _missing(ranks: Sequence[RankCalls], name: str) -> str | None:
     """Ranks of the group that never entered the collective the others wait in."""
     members = _members(ranks, name)
     last: dict[int, Call | None] = {}
@@ -333,7 +333,7 @@ def _dumps_by_rank(run_dir: RunDir) -> dict[int, list[dict[str, Any]]]:
     return found
 
 
-def local_ranks(run_dir: RunDir, host: str) -> list[Rank]:
+def local_ranks(run_dir: RunDir, host: str) -> list[RankCalls]:
     """This host's ranks as their dumps (flight_recorder.py) and stacks recorded them."""
     found = []
     died = {int(p.stem.rsplit("-", 1)[1]) for p in run_dir.dumps.glob("exit-rank-*.json")}
@@ -346,7 +346,7 @@ def local_ranks(run_dir: RunDir, host: str) -> list[Rank]:
         calls = calls_of(merged)
         if rank in died:
             calls = _died_in_last(calls)
-        found.append(Rank(rank, host, calls, groups_of(merged), where(stacks)))
+        found.append(RankCalls(rank, host, calls, groups_of(merged), where(stacks)))
     return found
 
 

@@ -9,6 +9,7 @@ from dataclasses import replace
 
 from container_entry.common.exits import signal_name
 from container_entry.common.layout import RunDir
+from container_entry.common.logs import ours
 from container_entry.common.records import RankRecord
 from container_entry.common.shm import HINT as _SHM
 from container_entry.common.shm import read_bytes as read_shm_bytes
@@ -104,17 +105,20 @@ def _log_tail(path: str | None) -> str:
 
 
 def _evidence(record: RankRecord) -> str:
-    """Everything kept of how a rank ended: the exception, faulthandler's line, the stderr tail
-    and the tail of the rank's log (a NCCL timeout line sits above C++ frames and every
-    thread's stack, beyond the stderr tail)."""
+    """Everything kept of how a rank ended, as the script and its libraries printed it: the
+    exception, faulthandler's line, the stderr tail and the tail of the rank's log (a NCCL
+    timeout line sits above C++ frames and every thread's stack, beyond the stderr tail).
+    Never a line of ours (logs.ours): the preflight's /dev/shm warning names the very words a
+    hint looks for."""
+    log = "\n".join(line for line in _log_tail(record.log).splitlines() if not ours(line))
     return "\n".join(
         part
         for part in (
             (record.exception or {}).get("message"),
             record.fatal_error,
             record.last_words,
-            *record.stderr_tail,
-            _log_tail(record.log),
+            *(line for line in record.stderr_tail if not ours(line)),
+            log,
         )
         if part
     )
@@ -255,3 +259,46 @@ def summarized(record: RankRecord, restarts: int = 0) -> RankRecord:
 
 def _preflight(record: RankRecord) -> str:
     return "preflight failed, the script did not start: " if record.stage == "preflight" else ""
+
+
+def relayed_words(failure: RankRecord) -> str:
+    """A relayed failure as one phrase naming its host, for a host that started no worker."""
+    if failure.rank is not None:
+        return f"rank {failure.rank} on {failure.host} failed (exit code {failure.returncode})"
+    what = failure.what or f"exit code {failure.returncode}"
+    named = failure.host is None or names_host(what, failure.host)
+    return what if named else f"{failure.host}: {what}"
+
+
+def vanished_words(host: str, detail: str) -> str:
+    """What a host's vanishing looks like from the master. A killed process's socket is closed
+    by the kernel: a FIN, or a reset where our heartbeats were still unread in it."""
+    if detail in ("closed", "connection reset by peer"):
+        how = "closed" if detail == "closed" else "reset"
+        return (
+            f"host {host} left the job without a word (its side channel was {how}): its "
+            "bootstrap was killed or crashed"
+        )
+    return (
+        f"host {host} stopped answering ({detail}): its bootstrap died, froze or lost the network"
+    )
+
+
+def error_words(error: BaseException, relayed: bool = False) -> str:
+    """A bootstrap error that ended the job before its ranks could: its type and message, or,
+    relayed from another host, the words that host put it in."""
+    return str(error) if relayed else f"{type(error).__name__}: {error}"
+
+
+def internal_words(error: BaseException) -> str:
+    """A defect of ours, never the user's, named as such."""
+    return f"internal error: {type(error).__name__}: {escaped(str(error))}"
+
+
+HUNG = "hung:"  # how a hang's verdict begins (hang.is_hang knows it by it)
+
+
+def hung_words(timeout: float, hosts: int = 1) -> str:
+    """A hang's first line in the failure file (its culprit, where found: culprit.explained)."""
+    where = " on any host" if hosts > 1 else ""
+    return f"{HUNG} no output from any rank{where} for {timeout:g} s"

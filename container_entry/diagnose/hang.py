@@ -30,6 +30,7 @@ from pathlib import Path
 
 from container_entry.common.exits import ExitCode
 from container_entry.common.layout import RunDir
+from container_entry.diagnose.failure import HUNG
 
 PROGRESS_ENV = "CONTAINER_ENTRY_PROGRESS_FILE"
 CHECK_SECONDS = 1.0  # how often a host measures its idle time
@@ -49,18 +50,12 @@ def report_progress() -> None:
         os.utime(path)
 
 
-def hung_text(timeout: float, hosts: int = 1) -> str:
-    """The failure file's first line."""
-    where = " on any host" if hosts > 1 else ""
-    return f"hung: no output from any rank{where} for {timeout:g} s"
-
-
 def is_hang(record: object) -> bool:
     """A relayed record that is the hang verdict (no rank's own exit)."""
     return (
         getattr(record, "rank", 0) is None
         and getattr(record, "returncode", 0) == ExitCode.HUNG
-        and str(getattr(record, "what", "") or "").startswith("hung:")
+        and str(getattr(record, "what", "") or "").startswith(HUNG)
     )
 
 

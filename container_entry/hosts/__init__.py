@@ -23,13 +23,13 @@ The master serves every host from one thread (a selector loop), so its cost stay
 number of hosts and a host that stops reading can never block it. Newline-delimited JSON;
 stdlib. Its modules, one per concern:
 
-- `wire`: message kinds (`Kind`), framing into bounded lines, parsing, encoding
-- `schema`: checks of untrusted values and of the relayed failure record; `fitted`
+- `wire`: message kinds (`MessageKind`), framing into bounded lines, parsing, encoding
+- `schema`: checks of untrusted values and of the relayed failure record; `fitted_record`
 - `messages`: every message's typed shape and its check, by direction
 - `keys`: the job key and the HMAC proofs; `handshake`: both halves of the challenge-response
 - `liveness`: heartbeat timing, the kernel's part, the master's watch (silence, hang verdict)
 - the master: `master` (the Coordinator) composed of `hub` (its sockets, one thread),
-  `admission` (who may join; `addresses`: the address check), `roster` (who joined, finished,
+  `admission` (who may join, the address check), `roster` (who joined, finished,
   vanished), `decision` (the job's first failure); `peer` is one connection there
 - every host: `member` (the Member); `quota` rate-limits both ends' log lines about peers
 - `session`: the choreography `job` runs through (serve, join, share the machine, post a

@@ -9,19 +9,19 @@ its address and why, rate-limited) without touching any other."""
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import socket
 import time
 from collections.abc import Callable, Iterable
 
-from container_entry.hosts.addresses import Lookups, address_matches
 from container_entry.hosts.handshake import hello, proven, welcome
 from container_entry.hosts.hub import Hub
 from container_entry.hosts.messages import REASON_CAP, Join, ToMaster
-from container_entry.hosts.network import backoff
+from container_entry.hosts.network import Lookups, backoff
 from container_entry.hosts.peer import Peer, PeerState
 from container_entry.hosts.quota import Quota
 from container_entry.hosts.roster import Roster
-from container_entry.hosts.wire import Kind, encode
+from container_entry.hosts.wire import MessageKind, encode
 
 AUTH_TIMEOUT = 5.0  # seconds a new connection has to send a proven join
 ADDRESS_WAIT = 30.0  # seconds a proven join may wait for its host name to resolve (retried)
@@ -68,12 +68,12 @@ class Admission:
     def receive(self, peer: Peer, message: ToMaster) -> None:
         """A message from a connection not yet a host: a new one's join (nothing else gets
         here), a proven one's messages held; a refused one's ignored."""
-        if peer.state is PeerState.NEW and message["type"] == Kind.JOIN:
+        if peer.state is PeerState.NEW and message["type"] == MessageKind.JOIN:
             self._join(peer, message)
         elif peer.state is PeerState.CHECKING:
-            if message["type"] == Kind.BEAT:
-                peer.held = [m for m in peer.held if m["type"] != Kind.BEAT]
-            if message["type"] != Kind.JOIN and len(peer.held) < HELD:
+            if message["type"] == MessageKind.BEAT:
+                peer.held = [m for m in peer.held if m["type"] != MessageKind.BEAT]
+            if message["type"] != MessageKind.JOIN and len(peer.held) < HELD:
                 peer.held.append(message)
 
     def _join(self, peer: Peer, join: Join) -> None:
@@ -120,7 +120,7 @@ class Admission:
         self.refused = [*self.refused[-99:], (peer.address, why + detail)]
         if peer.open and not peer.outbox:  # never half a line after another
             with contextlib.suppress(OSError):
-                peer.sock.send(encode({"type": Kind.REFUSED, "reason": why[:REASON_CAP]}))
+                peer.sock.send(encode({"type": MessageKind.REFUSED, "reason": why[:REASON_CAP]}))
                 if linger and len(self._lingering) < MAX_UNJOINED:
                     peer.sock.shutdown(socket.SHUT_WR)
                     self._unjoined.pop(peer, None)
@@ -202,3 +202,25 @@ class Admission:
             else:  # DNS may lag at the start: ask again soon
                 peer.lookup_due = now + backoff(peer.lookups, 1.0)
                 peer.lookups += 1
+
+
+def address_matches(address: str, resolved: Iterable[str]) -> bool:
+    """Whether a peer's address is one its claimed host name resolves to. Loopback counts for
+    loopback: a name that resolves to this machine (127.0.1.1, ::1) may connect from any
+    loopback address, since only this machine can send from one."""
+    try:
+        peer = _ip(address)
+    except ValueError:
+        return False
+    names = set()
+    for item in resolved:
+        with contextlib.suppress(ValueError):
+            names.add(_ip(item))
+    return peer in names or (peer.is_loopback and any(ip.is_loopback for ip in names))
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    ip = ipaddress.ip_address(text.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from container_entry.diagnose.culprit import Call, Rank, analyse
+from container_entry.diagnose.culprit import Call, RankCalls, analyse
 from container_entry.hosts.schema import NAME_CAP, SHORT_CAP, TEXT_CAP, integer, number, text
 from container_entry.hosts.wire import LINE_LIMIT, Invalid, encode
 
@@ -26,7 +26,7 @@ MAX_TENSORS = 16
 MAX_DIMS = 8
 
 
-def to_wire(rank: Rank, calls: int = WIRE_CALLS) -> dict[str, Any]:
+def to_wire(rank: RankCalls, calls: int = WIRE_CALLS) -> dict[str, Any]:
     by_group: dict[str, list[Call]] = {}
     for call in rank.calls:
         by_group.setdefault(call.group, []).append(call)
@@ -42,7 +42,7 @@ def to_wire(rank: Rank, calls: int = WIRE_CALLS) -> dict[str, Any]:
     }
 
 
-def fitted(ranks: Sequence[Rank]) -> list[dict[str, Any]]:
+def fitted_ranks(ranks: Sequence[RankCalls]) -> list[dict[str, Any]]:
     """This host's ranks on the wire, halving the calls kept until the line fits."""
     calls = WIRE_CALLS
     while True:
@@ -52,14 +52,14 @@ def fitted(ranks: Sequence[Rank]) -> list[dict[str, Any]]:
         calls //= 2
 
 
-def from_wire(value: Any, host: str) -> list[Rank]:
+def from_wire(value: Any, host: str) -> list[RankCalls]:
     """A host's `records`, checked field by field (Invalid says what is wrong)."""
     if not isinstance(value, list) or len(value) > MAX_RANKS:
         raise Invalid(f"records is not a list of at most {MAX_RANKS} ranks")
     return [_rank(item, host) for item in value]
 
 
-def _rank(item: Any, host: str) -> Rank:
+def _rank(item: Any, host: str) -> RankCalls:
     if not isinstance(item, dict) or set(item) != {"rank", "where", "groups", "calls"}:
         raise Invalid("a record is not {rank, where, groups, calls}")
     groups = item["groups"]
@@ -68,7 +68,7 @@ def _rank(item: Any, host: str) -> Rank:
     calls = item["calls"]
     if not isinstance(calls, list) or len(calls) > WIRE_CALLS * MAX_GROUPS:
         raise Invalid("record calls is not a list of bounded length")
-    return Rank(
+    return RankCalls(
         rank=integer(item["rank"], "record rank", 0, 1 << 31),
         host=host,
         calls=[_call(call) for call in calls],
@@ -116,11 +116,11 @@ class Gathering:
 
     def __init__(self, seconds: float = GATHER_SECONDS) -> None:
         self.seconds = seconds
-        self.ranks: dict[str, list[Rank]] = {}
+        self.ranks: dict[str, list[RankCalls]] = {}
         self.since: float | None = None  # the first host's records arrived
         self.said = False  # the culprit went out
 
-    def offer(self, host: str, ranks: list[Rank], now: float) -> None:
+    def offer(self, host: str, ranks: list[RankCalls], now: float) -> None:
         self.ranks[host] = ranks
         if self.since is None:
             self.since = now

@@ -20,7 +20,7 @@ from container_entry.hosts.keys import (
     welcome_proof,
 )
 from container_entry.hosts.messages import Hello, Join, Refused, Welcome
-from container_entry.hosts.wire import PROTOCOL, Kind
+from container_entry.hosts.wire import PROTOCOL, MessageKind
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # never into our log lines
 
@@ -30,7 +30,7 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # never into our log
 
 def hello(nonce: str) -> Hello:
     """The challenge every new connection gets at once."""
-    return Hello(type=Kind.HELLO, version=PROTOCOL, nonce=nonce)
+    return Hello(type=MessageKind.HELLO, version=PROTOCOL, nonce=nonce)
 
 
 def proven(key: bytes, nonce: str, join: Join) -> bool:
@@ -41,7 +41,7 @@ def proven(key: bytes, nonce: str, join: Join) -> bool:
 
 def welcome(key: bytes, nonce: str, member_nonce: str, host: str) -> Welcome:
     """The master's answer to an admitted join: its own proof."""
-    return Welcome(type=Kind.WELCOME, proof=welcome_proof(key, member_nonce, nonce, host))
+    return Welcome(type=MessageKind.WELCOME, proof=welcome_proof(key, member_nonce, nonce, host))
 
 
 # -- a member's half ------------------------------------------------------------------------
@@ -81,7 +81,7 @@ class MemberHandshake:
             self.key, self.master_nonce, self.nonce, self.host, self.machine, self.workers
         )
         return Join(
-            type=Kind.JOIN,
+            type=MessageKind.JOIN,
             host=self.host,
             machine=self.machine,
             workers=self.workers,

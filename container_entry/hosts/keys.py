@@ -16,20 +16,6 @@ from container_entry.common.errors import ConfigError
 
 JOB_SECRET_ENV = "CONTAINER_ENTRY_JOB_SECRET"
 MIN_SECRET_LENGTH = 16
-# host-independent facts of a SageMaker job a machine in its subnets cannot read (with the
-# config files' contents). Not the credentials URI: nothing says it is the same on every host,
-# and a fact that differs between hosts would refuse every host of every multi-host job.
-KEY_ENV = ("TRAINING_JOB_NAME", "TRAINING_JOB_ARN")
-# a torchrun-style cluster's (no SageMaker files): the same on every node by construction
-KEY_ENV_TORCHRUN = (
-    "PET_MASTER_ADDR",
-    "PET_MASTER_PORT",
-    "PET_NNODES",
-    "PET_RDZV_ID",
-    "PET_RDZV_ENDPOINT",
-    "MASTER_PORT",
-    "WORLD_SIZE",
-)
 # what a host refused for its proof (or refusing the master's) is told to check
 KEY_ADVICE = (
     f"every host must derive the same job key: the same job and config files, and "
@@ -37,20 +23,13 @@ KEY_ADVICE = (
 )
 
 
-def job_key(
-    environ: Mapping[str, str],
-    resource_config: Mapping[str, Any] | None,
-    hyperparameters: Mapping[str, Any],
-    input_data_config: Mapping[str, Any],
-) -> bytes:
+def job_key(environ: Mapping[str, str], facts: Mapping[str, Any]) -> bytes:
     """The side channel's key, the same on every host of one job (pure).
 
     CONTAINER_ENTRY_JOB_SECRET, when set, is the key (at least MIN_SECRET_LENGTH characters).
-    Otherwise a digest of what SageMaker gives every host of the job alike and a machine in the
-    job's subnets cannot read: the host list and instance groups of resourceconfig.json (not
-    its host-specific fields), hyperparameters.json, inputdataconfig.json, the job's name and
-    ARN, and the container-credentials URI where set. Outside SageMaker: the torchrun
-    variables (PET_*, MASTER_PORT, WORLD_SIZE). Raises ConfigError for a short secret."""
+    Otherwise a digest of `facts`: what the job's cluster source gives every host of the job
+    alike and a machine in the job's subnets cannot read (plan.cluster, `key_facts`). Raises
+    ConfigError for a short secret."""
     import hashlib
 
     secret = environ.get(JOB_SECRET_ENV)
@@ -61,38 +40,8 @@ def job_key(
                 f"{MIN_SECRET_LENGTH} (the same random value on every host)"
             )
         return hashlib.sha256(b"container-entry job secret v1\0" + secret.encode()).digest()
-    facts: dict[str, Any]
-    if resource_config is not None:
-        facts = {
-            **_sagemaker_facts(resource_config),
-            "hyperparameters": hyperparameters,
-            "input_data_config": input_data_config,
-            "environ": {name: environ.get(name) for name in KEY_ENV},
-        }
-    else:
-        facts = {"torchrun": {name: environ.get(name) for name in KEY_ENV_TORCHRUN}}
     canonical = json.dumps(facts, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(b"container-entry job key v1\0" + canonical.encode()).digest()
-
-
-def _sagemaker_facts(resource_config: Mapping[str, Any]) -> dict[str, Any]:
-    """resourceconfig.json's host list and instance groups, in an order every host shares."""
-    groups = resource_config.get("instance_groups") or []
-    return {
-        "hosts": sorted(str(h) for h in resource_config.get("hosts") or []),
-        "instance_groups": sorted(
-            (
-                [
-                    str(g.get("instance_group_name")),
-                    str(g.get("instance_type")),
-                    sorted(str(h) for h in g.get("hosts") or []),
-                ]
-                for g in groups
-                if isinstance(g, Mapping)
-            ),
-            key=json.dumps,
-        ),
-    }
 
 
 def _mac(key: bytes, *parts: object) -> str:

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 
 from container_entry.common.exits import ExitCode
 from container_entry.common.records import RankRecord
-from container_entry.diagnose.hang import Silence, hung_text
+from container_entry.diagnose.failure import hung_words, vanished_words
+from container_entry.diagnose.hang import Silence
 from container_entry.hosts.messages import MemberBeat
 from container_entry.hosts.peer import Peer
 
@@ -97,21 +98,7 @@ def vanished_record(host: str, detail: str) -> RankRecord:
     """A host that left without a word, as the job's failure. It has no exit code of its own:
     the others exit FAILED, as for a lost master."""
     return RankRecord(
-        host=host, rank=None, returncode=ExitCode.FAILED, what=vanished_text(host, detail)
-    )
-
-
-def vanished_text(host: str, detail: str) -> str:
-    """What a host's vanishing looks like from the master. A killed process's socket is closed
-    by the kernel: a FIN, or a reset where our heartbeats were still unread in it."""
-    if detail in ("closed", "connection reset by peer"):
-        how = "closed" if detail == "closed" else "reset"
-        return (
-            f"host {host} left the job without a word (its side channel was {how}): its "
-            "bootstrap was killed or crashed"
-        )
-    return (
-        f"host {host} stopped answering ({detail}): its bootstrap died, froze or lost the network"
+        host=host, rank=None, returncode=ExitCode.FAILED, what=vanished_words(host, detail)
     )
 
 
@@ -148,5 +135,5 @@ class Liveness:
             return None
         if not self.silence.hung(min(i for i in idle if i is not None)):
             return None
-        what = hung_text(self.silence.timeout(), self.hosts)
+        what = hung_words(self.silence.timeout(), self.hosts)
         return RankRecord(host=None, rank=None, returncode=ExitCode.HUNG, what=what)

@@ -40,8 +40,8 @@ from container_entry.hosts.messages import (
 from container_entry.hosts.peer import Peer, PeerState
 from container_entry.hosts.quota import Quota
 from container_entry.hosts.roster import Roster
-from container_entry.hosts.schema import Relayed, fitted
-from container_entry.hosts.wire import Invalid, Kind, encode, parse
+from container_entry.hosts.schema import Relayed, fitted_record
+from container_entry.hosts.wire import Invalid, MessageKind, encode, parse
 
 
 class Coordinator:
@@ -111,7 +111,7 @@ class Coordinator:
 
     def post(self, failure: RankRecord) -> None:
         """Relay a failure of the master's own bootstrap (from any thread)."""
-        self._posted.append(fitted(failure.relayed()))
+        self._posted.append(fitted_record(failure.relayed()))
         self.hub.wake()
 
     def has_joined(self, host: str) -> bool:
@@ -201,7 +201,7 @@ class Coordinator:
                 if isinstance(item, Invalid):
                     raise item
                 raw = parse(item)
-                if peer.state is PeerState.NEW and raw.get("type") != Kind.JOIN:
+                if peer.state is PeerState.NEW and raw.get("type") != MessageKind.JOIN:
                     kind = str(raw.get("type"))[:40]
                     raise Invalid(f"not a host of this job: {kind!r} before a join")
                 message = to_master(raw)
@@ -221,9 +221,9 @@ class Coordinator:
         """A message from a host of the job (anything else goes to the admission)."""
         if peer.state is not PeerState.JOINED:
             self.admission.receive(peer, message)
-        elif message["type"] == Kind.JOIN:
+        elif message["type"] == MessageKind.JOIN:
             self.quota.log(f"ignored a second join from {peer.name}")
-        elif message["type"] == Kind.FAILED:
+        elif message["type"] == MessageKind.FAILED:
             failure = message["failure"]
             if failure.get("host") not in (None, peer.host):
                 self.quota.log(
@@ -234,19 +234,19 @@ class Coordinator:
             failure["host"] = peer.host
             peer.posted = True
             self.relay_failure(failure, origin=peer)
-        elif message["type"] == Kind.SETTLED:
+        elif message["type"] == MessageKind.SETTLED:
             peer.settled = True
             self._final_if_due()
-        elif message["type"] == Kind.BEAT:
+        elif message["type"] == MessageKind.BEAT:
             self.liveness.heard(peer, message)
-        elif message["type"] == Kind.DONE:
+        elif message["type"] == MessageKind.DONE:
             if message["host"] not in (None, peer.host):
                 self.quota.log(f"ignored 'done' from {peer.name} for another host")
                 return
             peer.said_done = True
             self.roster.finish(peer)
             self._final_if_due()
-        elif message["type"] == Kind.RECORDS:
+        elif message["type"] == MessageKind.RECORDS:
             for rank in message["ranks"]:
                 rank.host = peer.host or "?"  # a host speaks for itself only
             self.gathering.offer(peer.host or "?", message["ranks"], time.monotonic())
@@ -258,10 +258,10 @@ class Coordinator:
         everyone = self.roster.join(peer)
         failure = self.decision.failure
         if failure is not None:  # too late: tell it at once rather than at its timeout
-            self.hub.send(peer, Abort(type=Kind.ABORT, failure=failure))
+            self.hub.send(peer, Abort(type=MessageKind.ABORT, failure=failure))
         elif everyone and not self.roster.started:
             self.roster.started = True
-            start = Start(type=Kind.START, machines=self.roster.machines())
+            start = Start(type=MessageKind.START, machines=self.roster.machines())
             for other in self.roster.open_peers():
                 self.hub.send(other, start)
         held, peer.held = peer.held, []
@@ -278,12 +278,12 @@ class Coordinator:
         beating = now - self._beat_at >= self.interval
         if beating:
             self._beat_at = now
-        plain = MasterBeat(type=Kind.BEAT)
+        plain = MasterBeat(type=MessageKind.BEAT)
         beat = plain
         if not self.roster.started:  # who is still missing, for a member that gives up
             waiting = self.roster.missing()
             beat = MasterBeat(
-                type=Kind.BEAT, waiting=waiting[:WAITING_NAMES], waiting_count=len(waiting)
+                type=MessageKind.BEAT, waiting=waiting[:WAITING_NAMES], waiting_count=len(waiting)
             )
         beats = encode(beat), encode(plain)
         for peer in self.hub.peers():
@@ -323,7 +323,7 @@ class Coordinator:
             return
         what = self.gathering.verdict()
         for peer in self.roster.open_peers():
-            self.hub.send(peer, Culprit(type=Kind.CULPRIT, what=what))
+            self.hub.send(peer, Culprit(type=MessageKind.CULPRIT, what=what))
 
     # -- endings and failures ---------------------------------------------------------------
     def _drop(self, peer: Peer) -> None:
@@ -354,8 +354,8 @@ class Coordinator:
             return
         for peer in self.roster.open_peers():
             if change is Change.FIRST and peer is not origin:
-                self.hub.send(peer, Abort(type=Kind.ABORT, failure=failure))
-            self.hub.send(peer, First(type=Kind.FIRST, failure=failure, final=False))
+                self.hub.send(peer, Abort(type=MessageKind.ABORT, failure=failure))
+            self.hub.send(peer, First(type=MessageKind.FIRST, failure=failure, final=False))
         self._final_if_due()
 
     def _final_if_due(self) -> None:
@@ -368,4 +368,4 @@ class Coordinator:
         failure = self.decision.failure
         assert failure is not None
         for peer in peers:
-            self.hub.send(peer, First(type=Kind.FIRST, failure=failure, final=True))
+            self.hub.send(peer, First(type=MessageKind.FIRST, failure=failure, final=True))

@@ -17,10 +17,9 @@ from typing import Any
 from container_entry.common.errors import NetworkError
 from container_entry.common.logs import log
 from container_entry.common.records import RankRecord
-from container_entry.common.text import names_host
-from container_entry.diagnose.culprit import Rank
-from container_entry.hosts.gathering import CULPRIT_WAIT
-from container_entry.hosts.gathering import fitted as fitted_records
+from container_entry.diagnose.culprit import RankCalls
+from container_entry.diagnose.failure import relayed_words
+from container_entry.hosts.gathering import CULPRIT_WAIT, fitted_ranks
 from container_entry.hosts.handshake import MemberHandshake, Refusal
 from container_entry.hosts.liveness import (
     CHECK_INTERVAL,
@@ -42,8 +41,8 @@ from container_entry.hosts.messages import (
 )
 from container_entry.hosts.network import backoff
 from container_entry.hosts.quota import Quota
-from container_entry.hosts.schema import fitted
-from container_entry.hosts.wire import MEMBER_LINE_LIMIT, Invalid, Kind, Lines, encode, parse
+from container_entry.hosts.schema import fitted_record
+from container_entry.hosts.wire import MEMBER_LINE_LIMIT, Invalid, Lines, MessageKind, encode, parse
 
 CONNECT_RETRY = 0.5  # at most this many seconds between tries to reach the master's side channel
 
@@ -175,7 +174,7 @@ class Member:
         """A relayed failure before any worker started, in this host's own words."""
         failure = self.abort or RankRecord(host=None, rank=None, returncode=1)
         return PeerFailure(
-            f"{words(failure)}; {self.host} started no worker because of it",
+            f"{relayed_words(failure)}; {self.host} started no worker because of it",
             failure.returncode or 1,
         )
 
@@ -193,7 +192,9 @@ class Member:
         while not self.finished and not self.refused:
             now = clock.now()
             if self._joined and time.monotonic() - last_sent >= self.interval:
-                self._send(MemberBeat(type=Kind.BEAT, idle=_idle(self.idle), time=time.time()))
+                self._send(
+                    MemberBeat(type=MessageKind.BEAT, idle=_idle(self.idle), time=time.time())
+                )
                 last_sent = time.monotonic()
             if now - self.heard > self.liveness_timeout:
                 reason = silence(self.liveness_timeout)
@@ -245,36 +246,36 @@ class Member:
     def _handle(self, message: ToMember) -> None:
         if not self.handshake.trusted:
             self._before_welcome(message)
-        elif message["type"] == Kind.START:
+        elif message["type"] == MessageKind.START:
             self.machines = dict(message["machines"])
             self.started.set()
-        elif message["type"] == Kind.ABORT:
+        elif message["type"] == MessageKind.ABORT:
             self.abort = RankRecord.from_json(message["failure"])
             self.aborted_at = time.time()
             self.aborted.set()
-        elif message["type"] == Kind.FIRST:
+        elif message["type"] == MessageKind.FIRST:
             self.first = RankRecord.from_json(message["failure"])
             if message["final"]:
                 self.decided.set()
-        elif message["type"] == Kind.CULPRIT:
+        elif message["type"] == MessageKind.CULPRIT:
             self.culprit = message["what"]
             self.explained.set()
-        elif message["type"] == Kind.BEAT and "waiting" in message:
+        elif message["type"] == MessageKind.BEAT and "waiting" in message:
             self.waiting_for = list(message["waiting"] or [])
             self.waiting_count = int(message.get("waiting_count") or 0)
 
     def _before_welcome(self, message: ToMember) -> None:
         """The handshake: answer the hello with a proven join, check the master's welcome."""
         try:
-            if message["type"] == Kind.HELLO and not self.handshake.answered:
+            if message["type"] == MessageKind.HELLO and not self.handshake.answered:
                 join = self.handshake.answer(message)
                 self._joined = True
                 self._send(join)
-            elif message["type"] == Kind.WELCOME and self.handshake.answered:
+            elif message["type"] == MessageKind.WELCOME and self.handshake.answered:
                 self.handshake.check(message)
-            elif message["type"] == Kind.REFUSED:
+            elif message["type"] == MessageKind.REFUSED:
                 raise self.handshake.refused(message)
-            elif message["type"] != Kind.BEAT:  # a proven join waits for its address check
+            elif message["type"] != MessageKind.BEAT:  # a proven join waits for its address check
                 kind = message["type"].value
                 self.quota.log(f"ignored {kind!r} from {self.master} before its welcome")
         except Refusal as refusal:
@@ -312,12 +313,12 @@ class Member:
             if began is None or arrived is None or began > arrived:
                 return
         self.posted, self.posted_began = True, began
-        self._send(Failed(type=Kind.FAILED, failure=fitted(failure.relayed())))
+        self._send(Failed(type=MessageKind.FAILED, failure=fitted_record(failure.relayed())))
 
     def settle(self) -> None:
         """This host posted every failure of its own that may be the job's first: the
         master's decision need not wait for it any more."""
-        self._send(Settled(type=Kind.SETTLED))
+        self._send(Settled(type=MessageKind.SETTLED))
 
     def first_failure(self, timeout: float) -> RankRecord | None:
         """The job's first failure as the master decided it for good, waiting up to `timeout`
@@ -325,9 +326,9 @@ class Member:
         self.decided.wait(timeout)
         return self.first
 
-    def post_records(self, ranks: Sequence[Rank]) -> None:
+    def post_records(self, ranks: Sequence[RankCalls]) -> None:
         """This host's ranks' collective records, for the master's culprit (gathering.py)."""
-        self._send({"type": Kind.RECORDS, "ranks": fitted_records(ranks)})  # as on the wire
+        self._send({"type": MessageKind.RECORDS, "ranks": fitted_ranks(ranks)})  # as on the wire
 
     def hang_culprit(self, timeout: float = CULPRIT_WAIT) -> str | None:
         """The culprit as the master found it in every host's records; None: it named no one,
@@ -337,7 +338,7 @@ class Member:
 
     def done(self) -> None:
         self.finished = True
-        self._send(Done(type=Kind.DONE, host=self.host))
+        self._send(Done(type=MessageKind.DONE, host=self.host))
 
     def close(self) -> None:
         self.finished = True
@@ -357,12 +358,3 @@ def _idle(idle: Callable[[], float | None] | None) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return min(max(float(value), 0.0), 1e12)
-
-
-def words(failure: RankRecord) -> str:
-    """A relayed failure as one phrase naming its host, for a host that started no worker."""
-    if failure.rank is not None:
-        return f"rank {failure.rank} on {failure.host} failed (exit code {failure.returncode})"
-    what = failure.what or f"exit code {failure.returncode}"
-    named = failure.host is None or names_host(what, failure.host)
-    return what if named else f"{failure.host}: {what}"

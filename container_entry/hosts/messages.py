@@ -1,12 +1,12 @@
 """Every side-channel message, typed as it is on the wire (a JSON object whose "type" is its
-`Kind`), and its schema: `to_master` and `to_member` check what arrives from the network and
+`MessageKind`), and its schema: `to_master` and `to_member` check what arrives from the network and
 return the typed message, or raise `Invalid` saying what is wrong."""
 
 from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
 
-from container_entry.diagnose.culprit import Rank
+from container_entry.diagnose.culprit import RankCalls
 from container_entry.hosts.gathering import from_wire
 from container_entry.hosts.schema import (
     NAME_CAP,
@@ -19,20 +19,20 @@ from container_entry.hosts.schema import (
     number,
     text,
 )
-from container_entry.hosts.wire import Invalid, Kind
+from container_entry.hosts.wire import Invalid, MessageKind
 
 WAITING_NAMES = 16  # host names a master's heartbeat lists while the join is incomplete
 REASON_CAP = 200  # characters of a refusal's reason
 
 
 class Hello(TypedDict):
-    type: Literal[Kind.HELLO]
+    type: Literal[MessageKind.HELLO]
     version: int
     nonce: str  # the master's challenge to this connection
 
 
 class Join(TypedDict):
-    type: Literal[Kind.JOIN]
+    type: Literal[MessageKind.JOIN]
     host: str
     machine: str | None  # its kernel's boot id: hosts on one machine share its cores
     workers: int
@@ -41,64 +41,64 @@ class Join(TypedDict):
 
 
 class Welcome(TypedDict):
-    type: Literal[Kind.WELCOME]
+    type: Literal[MessageKind.WELCOME]
     proof: str  # keys.welcome_proof
 
 
 class Refused(TypedDict):
-    type: Literal[Kind.REFUSED]
+    type: Literal[MessageKind.REFUSED]
     reason: str
 
 
 class Start(TypedDict):
-    type: Literal[Kind.START]
+    type: Literal[MessageKind.START]
     machines: dict[str, list[int]]  # boot id -> [hosts, workers] of this job on it
 
 
 class MemberBeat(TypedDict):
-    type: Literal[Kind.BEAT]
+    type: Literal[MessageKind.BEAT]
     idle: float | None  # seconds this host's ranks were silent; None: no job running
     time: float | None  # the member's clock, for the master's estimate of its skew
 
 
 class MasterBeat(TypedDict):
-    type: Literal[Kind.BEAT]
+    type: Literal[MessageKind.BEAT]
     waiting: NotRequired[list[str] | None]  # during the join: hosts still missing (some)
     waiting_count: NotRequired[int]  # and how many in all
 
 
 class Failed(TypedDict):
-    type: Literal[Kind.FAILED]
+    type: Literal[MessageKind.FAILED]
     failure: Relayed
 
 
 class Abort(TypedDict):
-    type: Literal[Kind.ABORT]
+    type: Literal[MessageKind.ABORT]
     failure: Relayed
 
 
 class First(TypedDict):
-    type: Literal[Kind.FIRST]
+    type: Literal[MessageKind.FIRST]
     failure: Relayed
     final: bool  # every host settled (or the wait is over): the decision no longer changes
 
 
 class Settled(TypedDict):
-    type: Literal[Kind.SETTLED]
+    type: Literal[MessageKind.SETTLED]
 
 
 class Done(TypedDict):
-    type: Literal[Kind.DONE]
+    type: Literal[MessageKind.DONE]
     host: str | None
 
 
 class Records(TypedDict):
-    type: Literal[Kind.RECORDS]
-    ranks: list[Rank]  # checked by gathering.from_wire; its host is the sender's
+    type: Literal[MessageKind.RECORDS]
+    ranks: list[RankCalls]  # checked by gathering.from_wire; its host is the sender's
 
 
 class Culprit(TypedDict):
-    type: Literal[Kind.CULPRIT]
+    type: Literal[MessageKind.CULPRIT]
     what: str | None  # the culprit in words; None: the records name no one
 
 
@@ -109,68 +109,72 @@ ToMember = Hello | Welcome | Refused | Start | Abort | First | MasterBeat | Culp
 def to_master(message: dict[str, Any]) -> ToMaster:
     """A message from a member, checked against its schema (Invalid says what is wrong)."""
     kind = message.get("type")
-    if kind == Kind.JOIN:
+    if kind == MessageKind.JOIN:
         fields(message, ("host", "machine", "workers", "nonce", "proof"))
         return Join(
-            type=Kind.JOIN,
+            type=MessageKind.JOIN,
             host=text(message["host"], "join host", NAME_CAP, none=False),
             machine=text(message["machine"], "join machine", NAME_CAP),
             workers=integer(message["workers"], "join workers", 0, 1 << 20),
             nonce=hex64(message["nonce"], "join nonce"),
             proof=hex64(message["proof"], "join proof"),
         )
-    if kind == Kind.BEAT:
+    if kind == MessageKind.BEAT:
         fields(message, (), ("idle", "time"))
         idle = number(message.get("idle"), "beat idle", 0, 1e12)
         sent = number(message.get("time"), "beat time", 0, 1e12)
-        return MemberBeat(type=Kind.BEAT, idle=idle, time=sent)
-    if kind == Kind.FAILED:
+        return MemberBeat(type=MessageKind.BEAT, idle=idle, time=sent)
+    if kind == MessageKind.FAILED:
         fields(message, ("failure",))
-        return Failed(type=Kind.FAILED, failure=failure_record(message["failure"]))
-    if kind == Kind.SETTLED:
+        return Failed(type=MessageKind.FAILED, failure=failure_record(message["failure"]))
+    if kind == MessageKind.SETTLED:
         fields(message, ())
-        return Settled(type=Kind.SETTLED)
-    if kind == Kind.DONE:
+        return Settled(type=MessageKind.SETTLED)
+    if kind == MessageKind.DONE:
         fields(message, (), ("host",))
-        return Done(type=Kind.DONE, host=text(message.get("host"), "done host", NAME_CAP))
-    if kind == Kind.RECORDS:
+        return Done(type=MessageKind.DONE, host=text(message.get("host"), "done host", NAME_CAP))
+    if kind == MessageKind.RECORDS:
         fields(message, ("ranks",))
-        return Records(type=Kind.RECORDS, ranks=from_wire(message["ranks"], "?"))
+        return Records(type=MessageKind.RECORDS, ranks=from_wire(message["ranks"], "?"))
     raise Invalid(f"unknown message type {str(kind)[:40]!r}")
 
 
 def to_member(message: dict[str, Any]) -> ToMember:
     """A message from the master, checked against its schema."""
     kind = message.get("type")
-    if kind == Kind.HELLO:
+    if kind == MessageKind.HELLO:
         fields(message, ("version", "nonce"))
         version = integer(message["version"], "hello version", 0, 1 << 30)
-        return Hello(type=Kind.HELLO, version=version, nonce=hex64(message["nonce"], "hello nonce"))
-    if kind == Kind.WELCOME:
+        return Hello(
+            type=MessageKind.HELLO, version=version, nonce=hex64(message["nonce"], "hello nonce")
+        )
+    if kind == MessageKind.WELCOME:
         fields(message, ("proof",))
-        return Welcome(type=Kind.WELCOME, proof=hex64(message["proof"], "welcome proof"))
-    if kind == Kind.REFUSED:
+        return Welcome(type=MessageKind.WELCOME, proof=hex64(message["proof"], "welcome proof"))
+    if kind == MessageKind.REFUSED:
         fields(message, ("reason",))
         reason = text(message["reason"], "refusal reason", REASON_CAP, none=False)
-        return Refused(type=Kind.REFUSED, reason=reason)
-    if kind == Kind.START:
+        return Refused(type=MessageKind.REFUSED, reason=reason)
+    if kind == MessageKind.START:
         fields(message, ("machines",))
-        return Start(type=Kind.START, machines=_machines(message["machines"]))
-    if kind == Kind.ABORT:
+        return Start(type=MessageKind.START, machines=_machines(message["machines"]))
+    if kind == MessageKind.ABORT:
         fields(message, ("failure",))
-        return Abort(type=Kind.ABORT, failure=failure_record(message["failure"]))
-    if kind == Kind.FIRST:
+        return Abort(type=MessageKind.ABORT, failure=failure_record(message["failure"]))
+    if kind == MessageKind.FIRST:
         fields(message, ("failure", "final"))
         final = message["final"]
         if not isinstance(final, bool):
             raise Invalid("first final is not true or false")
-        return First(type=Kind.FIRST, failure=failure_record(message["failure"]), final=final)
-    if kind == Kind.BEAT:
+        return First(
+            type=MessageKind.FIRST, failure=failure_record(message["failure"]), final=final
+        )
+    if kind == MessageKind.BEAT:
         fields(message, (), ("waiting", "waiting_count"))
         return _master_beat(message)
-    if kind == Kind.CULPRIT:
+    if kind == MessageKind.CULPRIT:
         fields(message, ("what",))
-        return Culprit(type=Kind.CULPRIT, what=text(message["what"], "culprit", TEXT_CAP))
+        return Culprit(type=MessageKind.CULPRIT, what=text(message["what"], "culprit", TEXT_CAP))
     raise Invalid(f"unknown message type {str(kind)[:40]!r}")
 
 
@@ -187,7 +191,7 @@ def _machines(value: Any) -> dict[str, list[int]]:
 
 
 def _master_beat(message: dict[str, Any]) -> MasterBeat:
-    beat = MasterBeat(type=Kind.BEAT)
+    beat = MasterBeat(type=MessageKind.BEAT)
     if "waiting" in message:
         waiting = message["waiting"]
         if waiting is not None:

@@ -1,19 +1,22 @@
-"""Wait, bounded, until the host names this host needs resolve: on SageMaker DNS may lag the
-start. Names resolve in parallel (a bounded number of threads), and the deadline holds inside a
-pass: a resolver that hangs cannot hold the bootstrap past its timeout."""
+"""Host names: wait, bounded, until those this host needs resolve (on SageMaker DNS may lag the
+start), and look them up for the master's address check (admission.py): one pool of lookups on
+daemon threads for both (`Lookups`), so a resolver that hangs never holds the bootstrap or the
+side channel's loop past its own deadline."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from container_entry.common.errors import NetworkError
 from container_entry.common.logs import log
 
 PARALLEL = 32  # resolver threads at most, whatever the number of names
+LOOKUPS = 8  # the master's address check: name lookups at once
 FIRST_RETRY = 0.05  # seconds before the first retry; doubled for each next one (backoff)
 _LISTED = 8  # names an error or a log line lists before "and N more"
 
@@ -45,75 +48,43 @@ def _names(hosts: Sequence[str]) -> str:
     return f"{shown} and {more} more" if more > 0 else shown
 
 
-class _Lookups:
-    """The names `wait_for_hosts` still waits for, shared with its resolver threads under one
-    condition: each name is in `ready` (to look up now), in a thread's hands, or in `later`
-    (failed, to retry at a time), never in two of them."""
+# a lookup's result: the host, the addresses found (none: it did not resolve), and why not
+Found = Callable[[str, frozenset[str], str | None], None]
 
-    def __init__(self, hosts: Sequence[str], resolves: Callable[[str], bool], interval: float):
-        self.pending = dict.fromkeys(hosts)  # ordered: errors name hosts in the caller's order
-        self.ready: deque[str] = deque(self.pending)
-        self.later: list[tuple[float, str]] = []  # (when, name)
-        self.failures = dict.fromkeys(self.pending, 0)  # failed lookups per name
-        self.resolves, self.interval = resolves, interval
-        self.cond = threading.Condition()
-        self.over = False
 
-    def work(self) -> None:
-        """One resolver thread: look up the next ready name until the wait is over."""
+class Lookups:
+    """Host-name lookups on daemon threads, at most `parallel` at once, that end when nothing
+    is left to look up; each result goes to `deliver` (on the lookup's thread)."""
+
+    def __init__(
+        self, resolve: Callable[[str], Iterable[str]], deliver: Found, parallel: int = LOOKUPS
+    ) -> None:
+        self.resolve, self.deliver, self.parallel = resolve, deliver, parallel
+        self.queue: deque[str] = deque()
+        self.lock = threading.Lock()
+        self.running = 0
+
+    def submit(self, host: str) -> None:
+        with self.lock:
+            self.queue.append(host)
+            if self.running >= self.parallel:
+                return
+            self.running += 1
+        threading.Thread(target=self._work, daemon=True, name="side-channel-lookup").start()
+
+    def _work(self) -> None:
         while True:
-            with self.cond:
-                while not self.ready and not self.over:
-                    self.cond.wait()
-                if self.over:
+            with self.lock:
+                if not self.queue:
+                    self.running -= 1
                     return
-                name = self.ready.popleft()
+                host = self.queue.popleft()
             try:
-                ok = self.resolves(name)
-            except Exception:  # an injected resolver's bug is a name that did not resolve
-                ok = False
-            with self.cond:
-                if self.over:  # abandoned at the deadline: nobody waits for this name now
-                    return
-                if ok:
-                    self.pending.pop(name, None)
-                else:
-                    retry = time.monotonic() + backoff(self.failures[name], self.interval)
-                    self.later.append((retry, name))
-                    self.failures[name] += 1
-                self.cond.notify_all()
-
-    def requeue(self, now: float) -> None:
-        """Names whose retry is due go back to `ready` (the condition held)."""
-        due = [entry for entry in self.later if entry[0] <= now]
-        for entry in due:
-            self.later.remove(entry)
-            self.ready.append(entry[1])
-        if due:
-            self.cond.notify_all()
-
-    def wait(self, deadline: float) -> list[str]:
-        """Until every name resolved or `deadline`: the names left, in the caller's order."""
-        announced: float | None = time.monotonic() + min(self.interval, 1.0)
-        with self.cond:
-            while self.pending:
-                now = time.monotonic()
-                if now >= deadline:
-                    break
-                self.requeue(now)
-                if announced is not None and now >= announced:
-                    log(f"waiting for host names to resolve: {_names(list(self.pending))}")
-                    announced = None
-                wake = min([deadline, *(when for when, _ in self.later)])
-                if announced is not None:
-                    wake = min(wake, announced)
-                self.cond.wait(max(0.0, wake - now))
-            return list(self.pending)
-
-    def end(self) -> None:
-        with self.cond:
-            self.over = True
-            self.cond.notify_all()
+                found, error = frozenset(self.resolve(host)), None
+            except Exception as failure:  # a name that does not resolve (yet)
+                found, error = frozenset(), str(failure) or type(failure).__name__
+            with contextlib.suppress(Exception):
+                self.deliver(host, found, error)
 
 
 def wait_for_hosts(
@@ -132,15 +103,42 @@ def wait_for_hosts(
     abandoned (its thread is a daemon).
     """
     deadline = time.monotonic() + timeout
-    lookups = _Lookups(hosts, resolves, interval)
-    if not lookups.pending:
+    pending = dict.fromkeys(hosts)  # ordered: errors name hosts in the caller's order
+    if not pending:
         return
-    for index in range(max(1, min(parallel, len(lookups.pending)))):
-        threading.Thread(target=lookups.work, daemon=True, name=f"resolve-{index}").start()
-    try:
-        unresolved = lookups.wait(deadline)
-    finally:
-        lookups.end()
+    cond = threading.Condition()
+    failures = dict.fromkeys(pending, 0)  # failed lookups per name
+    later: list[tuple[float, str]] = []  # (when, name): to look up again then
+    over = False
+
+    def deliver(host: str, found: frozenset[str], _error: str | None) -> None:
+        with cond:
+            if over:  # abandoned at the deadline: nobody waits for this name now
+                return
+            if found:
+                pending.pop(host, None)
+            else:
+                later.append((time.monotonic() + backoff(failures[host], interval), host))
+                failures[host] += 1
+            cond.notify_all()
+
+    lookups = Lookups(lambda host: {host} if resolves(host) else (), deliver, parallel)
+    for host in list(pending):  # a lookup may end (and pop its name) before the next starts
+        lookups.submit(host)
+    announced: float | None = time.monotonic() + min(interval, 1.0)
+    with cond:
+        while pending and (now := time.monotonic()) < deadline:
+            for entry in [entry for entry in later if entry[0] <= now]:  # retries now due
+                later.remove(entry)
+                lookups.submit(entry[1])
+            if announced is not None and now >= announced:
+                log(f"waiting for host names to resolve: {_names(list(pending))}")
+                announced = None
+            wake = min(
+                [deadline, *(when for when, _ in later), *([announced] if announced else [])]
+            )
+            cond.wait(max(0.0, wake - now))
+        unresolved, over = list(pending), True
     if unresolved:
         raise NetworkError(
             f"host {unresolved[0]!r} did not resolve within {timeout:g} s "

@@ -1,5 +1,5 @@
 """Rate-limited log lines about misbehaving peers, so a flood of strangers cannot fill the
-log (README: 10 lines, then one every 6 s with a count of the rest)."""
+log (docs/failure-stop-logs.md: 10 lines, then one every 6 s with a count of the rest)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Checks of the values in side-channel messages, which come from the network: known fields
 only, each of its type, strings and numbers bounded. Each check raises `Invalid` naming the
 field, so a refusal says what was wrong. Also the relayed failure record's schema, and
-`fitted`, which cuts this host's own failure to it before posting."""
+`fitted_record`, which cuts this host's own failure to it before posting."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any, Literal, overload
 from container_entry.common.exits import signal_name
 from container_entry.common.records import RankRecord
 from container_entry.common.stopping import STOP_SIGNALS
-from container_entry.hosts.wire import LINE_LIMIT, Invalid, Kind, encode
+from container_entry.hosts.wire import LINE_LIMIT, Invalid, MessageKind, encode
 
 TEXT_CAP = 2000  # characters of a failure's free text (what, exception message, ...)
 NAME_CAP = 253  # characters of a host name (DNS), a boot id, an exception's type
@@ -111,11 +111,8 @@ def failure_record(value: Any) -> Relayed:
             record[name] = integer(item, "failure restart_count", 0, 10**9)
         elif name in _RECORD_NAMES:
             record[name] = text(item, f"failure {name}", SHORT_CAP)
-        elif name == "stop_signal":
-            stop = text(item, "failure stop_signal", SHORT_CAP)
-            if stop is not None and stop not in _STOP_NAMES:
-                raise Invalid(f"failure stop_signal {stop!r} is not a stop signal")
-            record[name] = stop
+        elif name == "stop":
+            record[name] = _stop(item)
         elif name in _RECORD_TEXT:
             record[name] = text(item, f"failure {name}", TEXT_CAP)
         elif name in ("ended_at", "failed_at", "script_ended_at"):
@@ -125,6 +122,18 @@ def failure_record(value: Any) -> Relayed:
         else:  # a field added to RankRecord later: a plain, bounded value
             record[name] = _plain(item, f"failure {name}")
     return record
+
+
+def _stop(value: Any) -> dict[str, Any] | None:
+    """A relayed stop (StopSignal.to_json): a stop signal's name and a moment."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"name", "at"}:
+        raise Invalid("failure stop is not a stop signal and a moment")
+    name = text(value["name"], "failure stop name", SHORT_CAP)
+    if name not in _STOP_NAMES:
+        raise Invalid(f"failure stop {name!r} is not a stop signal")
+    return {"name": name, "at": number(value["at"], "failure stop at", 0, 1e11)}
 
 
 def _plain(value: Any, what: str) -> str | int | float | None:
@@ -151,7 +160,7 @@ def _exception(value: Any) -> dict[str, str] | None:
     return exception
 
 
-def fitted(record: Relayed) -> Relayed:
+def fitted_record(record: Relayed) -> Relayed:
     """A failure of this host cut to what the schema allows (free text shortened), so that
     what a member posts always passes the master's checks."""
     record = dict(record)
@@ -169,7 +178,7 @@ def fitted(record: Relayed) -> Relayed:
             if k in ("type", "message")
         }
     # escaped, non-ASCII text may still make the line too long: halve the longest text
-    while len(encode({"type": Kind.FAILED, "failure": record})) > LINE_LIMIT:
+    while len(encode({"type": MessageKind.FAILED, "failure": record})) > LINE_LIMIT:
         texts = [(len(record[n]), n) for n in _RECORD_TEXT if isinstance(record.get(n), str)]
         message = (record.get("exception") or {}).get("message")
         if isinstance(message, str):

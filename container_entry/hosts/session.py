@@ -10,25 +10,29 @@ alike from the job's facts (`session_key`) is the one home of that derivation.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from container_entry.common import stopping
 from container_entry.common.errors import NetworkError
 from container_entry.common.exits import ExitCode
 from container_entry.common.logs import log
 from container_entry.common.records import RankRecord
+from container_entry.common.stopping import StopSignal
+from container_entry.diagnose.culprit import RankCalls
 from container_entry.hosts import network
 from container_entry.hosts.keys import job_key
 from container_entry.hosts.liveness import JOIN_VERDICT_GRACE
 from container_entry.hosts.master import Coordinator
 from container_entry.hosts.member import Member, PeerFailure
+from container_entry.plan import cluster
 from container_entry.plan.environment import Environment
 from container_entry.plan.plan import Plan
 
 
 def session_key(env: Environment) -> bytes:
-    """The key every host of this job derives alike for the side channel (hosts.keys)."""
-    return job_key(env.environ, env.resource_config, env.hyperparameters, env.input_data_config)
+    """The key every host of this job derives alike for the side channel (hosts.keys), from the
+    facts its cluster source gives every host alike (plan.cluster)."""
+    return job_key(env.environ, cluster.key_facts(env))
 
 
 class Session:
@@ -53,12 +57,12 @@ class Session:
         as the join leaves it (hosts of this job that share the machine share its cores).
         """
         plan, topology = self.plan, self.plan.topology
-        names = topology.wait_for
-        if plan.coordinated:  # the world's master (static) or its hosts (c10d), the coordinator
-            store = (plan.master_addr,) if plan.dials_store else ()
-            names = tuple(
-                dict.fromkeys((*(names if plan.max_restarts else store), plan.coordination_addr))
-            )
+        names = cluster.source_of(topology).names_to_wait_for(
+            topology,
+            c10d=plan.max_restarts > 0,
+            store=plan.master_addr if plan.dials_store else None,
+            side_channel=plan.coordination_addr if plan.coordinated else None,
+        )
         if names:
             network.wait_for_hosts(names, plan.settings.host_wait_timeout)
         if not plan.coordinated:
@@ -101,9 +105,7 @@ class Session:
         """The master's own host cannot go on: tell the others through its side channel."""
         if self.coordinator is not None:
             what = f"{type(error).__name__}: {error}"
-            here = self.plan.topology.current_host
-            record = RankRecord(host=here, rank=None, returncode=error.exit_code, what=what)
-            self.coordinator.post(record)
+            self.coordinator.post(self.host_failure(what, error.exit_code))
 
     def _join_side_channel(self) -> None:
         """Join the master's side channel and wait for every host; the master decides who
@@ -130,10 +132,8 @@ class Session:
             missing = self.coordinator.missing() if self.coordinator else []
             if missing and not member.refused:  # refused: its own words say why
                 text = f"host(s) {', '.join(missing)} never joined the job within {timeout:g} s"
-                self.post_failure(
-                    f"{text} (the master {topology.current_host} gave up waiting)",
-                    ExitCode.NETWORK,
-                )
+                what = f"{text} (the master {topology.current_host} gave up waiting)"
+                self.post(self.host_failure(what, ExitCode.NETWORK))
                 raise NetworkError(text) from None
             raise
 
@@ -153,21 +153,73 @@ class Session:
             threads = shared.env["OMP_NUM_THREADS"]
             log(f"OMP_NUM_THREADS={threads.value}: {threads.reason}")
 
-    def post_failure(
-        self, what: str, exit_code: int, stop: tuple[str, float | None] | None = None
-    ) -> None:
-        """Tell the other hosts why this one cannot go on: a bootstrap error, or the final
-        verdict of a run nothing was posted for yet (torchrun failing before any rank
-        reported, a stop: `stop`, its signal and moment, for the master's order and for the
-        other hosts to stop their ranks as a stop does). Posts once; never echoes a failure
-        another host relayed."""
+    # -- what the supervising side asks of the side channel (on one host: nothing to ask) -----
+    @property
+    def coordinated(self) -> bool:
+        """This host takes part in a side channel (several hosts, joined)."""
+        return self.member is not None
+
+    def post(self, failure: RankRecord) -> None:
+        """Tell the other hosts why this one cannot go on, the one way to: a rank's failure (in
+        its words, `failure.summarized`), a stop with its moment, a bootstrap error or the
+        final verdict of a run nothing was posted for yet (`host_failure`). Posts once (but
+        for an earlier rank's failure turning up); never echoes a failure another host
+        relayed (member.post_failure)."""
         if self.member:
-            name, began = stop if stop is not None else (None, None)
-            here = self.plan.topology.current_host
-            record = RankRecord(
-                here, None, returncode=exit_code, what=what, stop_signal=name, failed_at=began
-            )
-            self.member.post_failure(record)
+            self.member.post_failure(failure)
+
+    def host_failure(self, what: str, exit_code: int, stop: StopSignal | None = None) -> RankRecord:
+        """This host's failure that is no rank's, in words; a stop has its moment."""
+        here = self.plan.topology.current_host
+        began = stop.at if stop is not None else None
+        return RankRecord(here, None, returncode=exit_code, what=what, stop=stop, failed_at=began)
+
+    def relayed(self) -> RankRecord | None:
+        """Another host's failure, stop or the master's hang verdict, as the master relayed it."""
+        member = self.member
+        return member.abort if member and member.aborted.is_set() else None
+
+    def relayed_at(self) -> float | None:
+        """When that word arrived, on this host's clock."""
+        return self.member.aborted_at if self.member else None
+
+    def lost_master(self) -> str | None:
+        """The master host, once its bootstrap went away before this one finished."""
+        member = self.member
+        return member.master if member and member.lost_master else None
+
+    def interrupted(self) -> bool:
+        """Either of the two: the job cannot go on here."""
+        return self.member is not None and self.member.aborted.is_set()
+
+    def report_idle(self, idle: Callable[[], float | None] | None) -> None:
+        """How long this host's ranks have been silent, sent with each heartbeat (the master's
+        hang watchdog); None: no longer."""
+        if self.member:
+            self.member.idle = idle
+
+    def share_records(self, ranks: Sequence[RankCalls]) -> str | None:
+        """This host's ranks' collective records to the master; the culprit it names once every
+        host's are in (or the wait is over)."""
+        if not self.member or self.member.lost_master:
+            return None
+        self.member.post_records(ranks)
+        return self.member.hang_culprit()
+
+    def hang_culprit(self) -> str | None:
+        """The culprit the master named from every host's records."""
+        if not self.member or self.member.lost_master:
+            return None
+        return self.member.hang_culprit()
+
+    def settle(self) -> None:
+        """Every failure of this host's own that may be the job's first is posted."""
+        if self.member:
+            self.member.settle()
+
+    def first_failure(self, timeout: float) -> RankRecord | None:
+        """The job's first failure as the master decided it for good (None: none in time)."""
+        return self.member.first_failure(timeout) if self.member else None
 
     def peers_running(self) -> Callable[[], bool] | None:
         """On the coordinator where its torchrun hosts its world's store: whether another host

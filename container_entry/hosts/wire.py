@@ -1,5 +1,5 @@
 """The side channel's wire format: newline-delimited JSON objects, one message a line, its
-"type" a `Kind`. Lines are bounded at both ends, so a peer can never make the other keep an
+"type" a `MessageKind`. Lines are bounded at both ends, so a peer can never make the other keep an
 unbounded line; what is not one JSON object is `Invalid`, never an exception of another kind."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ LINE_LIMIT = 64 * 1024  # bytes in one line to the master (or pending without a 
 MEMBER_LINE_LIMIT = 1 << 20  # to a member (the start's machine map grows with the hosts)
 
 
-class Kind(enum.StrEnum):
-    """A message's "type", as sent: a Kind is its string on the wire and equals it, so a
-    received "type" compares with a Kind as it is (messages.to_master / to_member check it).
+class MessageKind(enum.StrEnum):
+    """A message's "type", as sent: a MessageKind is its string on the wire and equals it, so a
+    received "type" compares with a MessageKind as it is (messages.to_master / to_member check it).
     Which kinds go which way: messages.ToMaster and messages.ToMember."""
 
     HELLO = "hello"  # master -> a new connection, at once: the protocol and its challenge
@@ -100,5 +100,5 @@ def parse(line: bytes) -> dict[str, Any]:
 
 
 def encode(message: Mapping[str, Any]) -> bytes:
-    """One message as its line (a Kind goes out as its plain string)."""
+    """One message as its line (a MessageKind goes out as its plain string)."""
     return (json.dumps(message) + "\n").encode()

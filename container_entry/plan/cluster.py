@@ -1,18 +1,37 @@
-"""Where the hosts come from: one small class per cluster source behind one interface.
+"""Where the hosts come from: one small class per cluster source behind one interface, each
+holding every fact about its source.
 
 Each source says whether it applies (`detect`) and, if so, which hosts form the job, which one
-this is and who the master is. Sources are tried in order; the local one always applies.
+this is and who the master is (`topology`); what every host of its job knows alike and no
+stranger can read, from which the side channel's key is derived (`key_facts`); the names a host
+waits for before it launches (`names_to_wait_for`); and the address a host advertises to a
+c10d rendezvous (`local_addr`). Sources are tried in order; the local one always applies. A new
+cluster source is one class here, added to SOURCES.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from container_entry.common.errors import ConfigError
 from container_entry.plan.environment import Environment
 from container_entry.plan.groups import Worlds, form_worlds
+
+# host-independent facts of a SageMaker job a machine in its subnets cannot read
+KEY_ENV = ("TRAINING_JOB_NAME", "TRAINING_JOB_ARN")
+# a torchrun-style cluster's (no SageMaker files): the same on every node by construction
+KEY_ENV_TORCHRUN = (
+    "PET_MASTER_ADDR",
+    "PET_MASTER_PORT",
+    "PET_NNODES",
+    "PET_RDZV_ID",
+    "PET_RDZV_ENDPOINT",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+)
 
 
 @dataclass(frozen=True)
@@ -100,6 +119,50 @@ class SageMakerCluster:
             coordinator=worlds.coordinator,
         )
 
+    @staticmethod
+    def key_facts(env: Environment) -> dict[str, Any]:
+        """What SageMaker gives every host of the job alike and a machine in the job's subnets
+        cannot read: the host list and instance groups of resourceconfig.json (not its
+        host-specific fields), hyperparameters.json, inputdataconfig.json, the job's name and
+        ARN (not the credentials URI: nothing says it is the same on every host, and a fact that
+        differs between hosts would refuse every host of every multi-host job)."""
+        config = env.resource_config or {}
+        groups = config.get("instance_groups") or []
+        instance_groups = [
+            [
+                str(g.get("instance_group_name")),
+                str(g.get("instance_type")),
+                sorted(str(h) for h in g.get("hosts") or []),
+            ]
+            for g in groups
+            if isinstance(g, Mapping)
+        ]
+        return {
+            "hosts": sorted(str(h) for h in config.get("hosts") or []),
+            "instance_groups": sorted(instance_groups, key=json.dumps),
+            "hyperparameters": env.hyperparameters,
+            "input_data_config": env.input_data_config,
+            "environ": {name: env.environ.get(name) for name in KEY_ENV},
+        }
+
+    @staticmethod
+    def names_to_wait_for(
+        topology: Topology, *, c10d: bool, store: str | None, side_channel: str | None
+    ) -> tuple[str, ...]:
+        """Under the static rendezvous every worker dials only its world's store (`store`, the
+        master's name where this host is not it) and the side channel is the coordinator's: a
+        host waits for those names alone (the coordinator looks up the names of the hosts that
+        have not joined yet): no host resolves every name. Under c10d (restarts) each host
+        advertises its own name: every host of its world."""
+        names = topology.wait_for if c10d else (store,) if store else ()
+        return tuple(dict.fromkeys((*names, *([side_channel] if side_channel else []))))
+
+    @staticmethod
+    def local_addr(topology: Topology) -> str | None:
+        """The address a c10d rendezvous advertises for this host: its real name, which every
+        host resolves (loopback where its world is itself)."""
+        return "127.0.0.1" if topology.nnodes == 1 else topology.current_host
+
 
 class TorchrunEnvCluster:
     """Settings torchrun-style clusters already carry (Kubeflow PyTorchJob's PET_*, or the
@@ -148,6 +211,23 @@ class TorchrunEnvCluster:
             coordinator=hosts[0],
         )
 
+    @staticmethod
+    def key_facts(env: Environment) -> dict[str, Any]:
+        """The rendezvous variables, the same on every node by construction."""
+        return {"torchrun": {name: env.environ.get(name) for name in KEY_ENV_TORCHRUN}}
+
+    @staticmethod
+    def names_to_wait_for(
+        topology: Topology, *, c10d: bool, store: str | None, side_channel: str | None
+    ) -> tuple[str, ...]:
+        """Its master alone: the peers are not named."""
+        return topology.wait_for
+
+    @staticmethod
+    def local_addr(topology: Topology) -> str | None:
+        """Host names unknown: torch's own default, the host's FQDN (loopback for one node)."""
+        return "127.0.0.1" if topology.nnodes == 1 else None
+
 
 class LocalCluster:
     """A plain `docker run`: one host, this one; the rendezvous stays on loopback."""
@@ -170,17 +250,45 @@ class LocalCluster:
             coordinator=env.hostname,
         )
 
+    @staticmethod
+    def key_facts(env: Environment) -> dict[str, Any]:
+        """One host: no side channel, nothing to key."""
+        return {}
 
-SOURCES: Sequence[type[SageMakerCluster] | type[TorchrunEnvCluster] | type[LocalCluster]] = (
+    @staticmethod
+    def names_to_wait_for(
+        topology: Topology, *, c10d: bool, store: str | None, side_channel: str | None
+    ) -> tuple[str, ...]:
+        return ()
+
+    @staticmethod
+    def local_addr(topology: Topology) -> str | None:
+        return "127.0.0.1"
+
+
+Source = type[SageMakerCluster] | type[TorchrunEnvCluster] | type[LocalCluster]
+SOURCES: Sequence[Source] = (
     SageMakerCluster,
     TorchrunEnvCluster,
     LocalCluster,
 )
 
 
+def source_for(env: Environment) -> Source:
+    """The first source that detects itself."""
+    return next(source for source in SOURCES if source.detect(env))  # LocalCluster always does
+
+
+def source_of(topology: Topology) -> Source:
+    """The source a topology came from."""
+    return next(source for source in SOURCES if source.name == topology.source)
+
+
 def resolve_topology(env: Environment) -> Topology:
-    """The first source that detects itself decides the topology."""
-    for source in SOURCES:
-        if source.detect(env):
-            return source.topology(env)
-    raise AssertionError("LocalCluster always detects")  # pragma: no cover
+    """The topology of the first source that detects itself."""
+    return source_for(env).topology(env)
+
+
+def key_facts(env: Environment) -> dict[str, Any]:
+    """What every host of this job knows alike, for the side channel's key (hosts.keys)."""
+    return source_for(env).key_facts(env)

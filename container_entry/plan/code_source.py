@@ -19,7 +19,7 @@ from container_entry.plan.environment import Environment, script_candidates
 UNRESOLVED = "<entry script>"  # the script's place in a plan that names none
 
 
-class Kind(StrEnum):
+class CodeKind(StrEnum):
     """Where the code comes from; its value is what the plan prints."""
 
     DIRECTORY = "directory"  # used where it is
@@ -30,7 +30,7 @@ class Kind(StrEnum):
 
 @dataclass(frozen=True)
 class CodeSource:
-    kind: Kind
+    kind: CodeKind
     location: str  # where the code comes from
     code_dir: str  # where the entry script runs from (cwd of the workers)
 
@@ -54,7 +54,7 @@ def _named_on_command_line(env: Environment, name: str) -> tuple[CodeSource, str
     if found is None:
         problem = f"entry script {name!r} not found: looked for {' and '.join(candidates)}"
     directory = posixpath.dirname(script)
-    return CodeSource(Kind.CLI, name, directory), problem
+    return CodeSource(CodeKind.CLI, name, directory), problem
 
 
 def _sdk_source(env: Environment) -> CodeSource:
@@ -64,8 +64,8 @@ def _sdk_source(env: Environment) -> CodeSource:
     channel = posixpath.join(str(env.base_dir), "input", "data", "code")
     folder = channel if env.sdk.source_dir else env.cwd
     if env.sdk.archive:
-        return CodeSource(Kind.ARCHIVE, posixpath.join(folder, env.sdk.archive), folder)
-    return CodeSource(Kind.DIRECTORY, folder, folder)
+        return CodeSource(CodeKind.ARCHIVE, posixpath.join(folder, env.sdk.archive), folder)
+    return CodeSource(CodeKind.DIRECTORY, folder, folder)
 
 
 def _source(env: Environment, program: str, sagemaker_hps: Mapping[str, Any]) -> CodeSource:
@@ -78,17 +78,17 @@ def _source(env: Environment, program: str, sagemaker_hps: Mapping[str, Any]) ->
     if submit:
         submit = str(submit)
         if submit.startswith("s3://"):
-            return CodeSource(Kind.S3, submit, extracted)
+            return CodeSource(CodeKind.S3, submit, extracted)
         if submit.endswith((".tar.gz", ".tgz")):
-            return CodeSource(Kind.ARCHIVE, submit, extracted)
-        return CodeSource(Kind.DIRECTORY, submit, submit)
+            return CodeSource(CodeKind.ARCHIVE, submit, extracted)
+        return CodeSource(CodeKind.DIRECTORY, submit, submit)
     channel = posixpath.join(base, "input", "data", "code")
     if env.code_channel_entries:
         archives = [e for e in env.code_channel_entries if e.endswith((".tar.gz", ".tgz"))]
         if program not in env.code_channel_entries and archives:
-            return CodeSource(Kind.ARCHIVE, posixpath.join(channel, archives[0]), extracted)
-        return CodeSource(Kind.DIRECTORY, channel, channel)
-    return CodeSource(Kind.DIRECTORY, extracted, extracted)
+            return CodeSource(CodeKind.ARCHIVE, posixpath.join(channel, archives[0]), extracted)
+        return CodeSource(CodeKind.DIRECTORY, channel, channel)
+    return CodeSource(CodeKind.DIRECTORY, extracted, extracted)
 
 
 def locate_code(
@@ -101,7 +101,7 @@ def locate_code(
             "no entry script: set SAGEMAKER_PROGRAM or hyperparameter sagemaker_program, "
             "or run `train SCRIPT [ARGS...]`"
         )
-        return CodeSource(Kind.DIRECTORY, code_dir, code_dir), UNRESOLVED, [missing]
+        return CodeSource(CodeKind.DIRECTORY, code_dir, code_dir), UNRESOLVED, [missing]
     if env.cli_args:
         code, problem = _named_on_command_line(env, program)
         script = posixpath.join(code.code_dir, posixpath.basename(program))

@@ -22,6 +22,7 @@ from typing import Any
 from container_entry.common import shm
 from container_entry.common.errors import ConfigError
 from container_entry.plan import gpus, sdk_driver
+from container_entry.plan.launchers import MAX_BYTES
 from container_entry.plan.machine import (
     read_boot_id,
     read_efa_devices,
@@ -92,7 +93,7 @@ def base_dir_from(environ: Mapping[str, str]) -> Path:
     return Path(environ.get("SAGEMAKER_BASE_DIR") or DEFAULT_BASE_DIR)
 
 
-def read_json(path: Path) -> Any:
+def read_config(path: Path) -> Any:
     """Load a config file (a JSON object); any problem becomes one line naming the file."""
     try:
         data = path.read_bytes()
@@ -171,7 +172,7 @@ def _arg_max() -> int:
 
 
 def _optional_json(path: Path) -> dict[str, Any] | None:
-    return read_json(path) if path.exists() else None
+    return read_config(path) if path.exists() else None
 
 
 def _entries(path: Path) -> tuple[str, ...]:
@@ -188,8 +189,7 @@ def _interfaces() -> tuple[str, ...] | None:
         return None
 
 
-CODE_FILE_BYTES = 2 * 1024 * 1024  # of each script: a launcher is called near its top
-CODE_FILES = 400  # scripts read at most (a big repository's own code folder)
+CODE_FILES = 400  # scripts read at most (a big repository's own code folder): 100 MiB at most
 CODE_ENTRIES = 5000  # names looked at at most: a code folder may be `/` (`train /train.py`)
 CODE_DEPTH = 3  # folders below the code folder
 _SKIPPED = ("__pycache__", "site-packages", "node_modules", "proc", "sys", "dev")
@@ -228,7 +228,7 @@ def _scripts(root: Path) -> list[Path]:
 
 def read_code_files(code_dir: str, script: str) -> dict[str, bytes]:
     """The code folder's scripts (.py, .sh, and files with a '#!' line, a few folders deep,
-    each up to CODE_FILE_BYTES), keyed by their path relative to it, and the entry script
+    each up to MAX_BYTES), keyed by their path relative to it, and the entry script
     under `code_key(code_dir, script)`: what the launch mode is decided from (launchers.py).
     What cannot be read is left out; nothing here fails."""
     files: dict[str, bytes] = {}
@@ -238,7 +238,7 @@ def read_code_files(code_dir: str, script: str) -> dict[str, bytes]:
         name = key if path == Path(script) else str(path.relative_to(root))
         if name not in files and path.is_file():  # never a FIFO's open that blocks
             with contextlib.suppress(OSError), path.open("rb") as handle:
-                files[name] = handle.read(CODE_FILE_BYTES)
+                files[name] = handle.read(MAX_BYTES)
     return files
 
 

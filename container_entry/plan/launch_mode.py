@@ -78,7 +78,7 @@ def other_launcher(hyperparameters: Mapping[str, Any]) -> str | None:
     return None
 
 
-def decide(
+def launch_mode_of(
     setting: str,
     hyperparameters: Mapping[str, Any],
     world: tuple[str, ...],

@@ -25,7 +25,7 @@ from container_entry.plan.python_calls import python_events
 from container_entry.plan.shell_commands import SHELLS, Event, Follow, Launch, script_events
 from container_entry.plan.shell_words import Budget
 
-MAX_BYTES = 2 * 1024 * 1024  # of a file, read at most
+MAX_BYTES = 256 * 1024  # of a file, read at most (environment.read_code_files reads no more)
 MAX_SHELL_CHARS = 64 * 1024  # of a shell script, split into commands (shlex: ~2 us a char)
 MAX_PYTHON_CHARS = 128 * 1024  # of a Python file, parsed (its statements up to there)
 MAX_WORK = 192 * 1024  # characters split or parsed in one search, all files and nestings

@@ -349,7 +349,7 @@ def _launch_decision(
     """Our workers, the entry point once, or the base's toolkit (launch_mode), from the code
     where it has been read (Environment.code_files)."""
     worlds = topology.worlds
-    return launch_mode.decide(
+    return launch_mode.launch_mode_of(
         knobs.launch,
         hps.sagemaker,
         topology.world,

@@ -87,7 +87,7 @@ def once_variables(
     """What the DLC's toolkit exports to a script it runs once per host beside the SM_*
     contract (sagemaker-pytorch-training 3.0.0, training.py): the master its toolkit computes
     and its port, and NCCL's interface. Not its NCCL_IB_DISABLE=1 and NCCL_DEBUG=WARN, which
-    it forces over the user's own values (a known pain: README)."""
+    it forces over the user's own values (a known pain: docs/launch-modes.md)."""
     master = str(toolkit_master(resource_config(env, topology), hps.sagemaker))
     why = "as the DLC's toolkit exports it to a script it runs once per host"
     wanted = {"MASTER_ADDR": EnvVar(master, why), "MASTER_PORT": EnvVar("7777", why)}

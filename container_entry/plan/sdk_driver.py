@@ -7,14 +7,14 @@ with `scripts/environment.py`, sources them, installs `SourceCode.requirements`,
 driver), `sourcecode.json` (SourceCode's fields) and `distributed.json` (`{}`, or Torchrun's /
 MPI's fields). Its plain driver runs the script once per host; its torchrun driver has none of
 our guarantees. The image's bash hook (docker/sdk-hook.bash) hands that start to
-`container-entry sagemaker-sdk` (cli, sdk_start), and `decide` says, from what the SDK left,
+`container-entry sagemaker-sdk` (cli, sdk_start), and `judge` says, from what the SDK left,
 whether our launcher takes the job over, the SDK's start runs as it is (`command=`, MPI, the
 user opted out), or the layout is not one this release knows (a future SDK): then too the SDK's
 start runs as it is, and the line printed says why. Read from sagemaker-train 1.0.0, 1.10.0,
 1.20.0 and 1.27.0 (the same layout in all four); run end to end with 1.27.0
 (tests/docker/test_sdk_source_code.py).
 
-Pure but for `read_files`, `read_sdk_environment` and `opted_out`, which read what `decide` and
+Pure but for `read_files`, `read_sdk_environment` and `opted_out`, which read what `judge` and
 the plan are given.
 """
 
@@ -69,7 +69,7 @@ def sdk_start(base_dir: Path) -> str:
     return f"chmod +x {train} && {train}"
 
 
-class Verdict(StrEnum):
+class Handling(StrEnum):
     TAKE_OVER = "take over"  # container-entry's launcher runs the entry script
     SDK = "sdk"  # the SDK's start runs as it is: command=, MPI, or opted out
     UNRECOGNISED = "unrecognised"  # not the layout this release knows: the SDK's start runs
@@ -97,7 +97,7 @@ class SdkJob:
 
 @dataclass(frozen=True)
 class Decision:
-    verdict: Verdict
+    verdict: Handling
     why: str  # the one line printed at the job's start
     job: SdkJob | None = None
 
@@ -149,7 +149,7 @@ def _which_driver(train_script: str) -> str | None:
 
 def _unrecognised(why: str) -> Decision:
     return Decision(
-        Verdict.UNRECOGNISED,
+        Handling.UNRECOGNISED,
         f"SageMaker SDK driver layout not recognised ({why}): the SDK's own start runs, "
         "without container-entry's launcher (no DDP unless the SDK launches it)",
     )
@@ -187,7 +187,7 @@ def _job(
     )
 
 
-def decide(
+def judge(
     shell_argv: Sequence[str], files: DriverFiles, base_dir: Path, *, opted_out: bool = False
 ) -> Decision:
     """Whether container-entry takes over the SDK's start `shell_argv` (`bash -c STRING`)."""
@@ -208,13 +208,13 @@ def decide(
         return _unrecognised(f"{TRAIN_SCRIPT} runs no driver this release knows, or several")
     if driver == "command":
         return Decision(
-            Verdict.SDK,
+            Handling.SDK,
             "SageMaker SDK v3 SourceCode(command=...): the command runs as the SDK runs it "
-            "(no DDP launch of ours; a stop reaches it, README 'SDK v3')",
+            "(no DDP launch of ours; a stop reaches it, docs/sdk-v3.md)",
         )
     if driver == "mpi":
         return Decision(
-            Verdict.SDK,
+            Handling.SDK,
             "SageMaker SDK v3 distributed=MPI: the SDK's MPI driver runs it "
             "(container-entry launches torchrun only; a stop reaches it)",
         )
@@ -229,12 +229,12 @@ def decide(
         return _unrecognised(job)
     if opted_out:
         return Decision(
-            Verdict.SDK,
+            Handling.SDK,
             f"SageMaker SDK v3 {job.describe()}: CONTAINER_ENTRY_SDK_DRIVER=sdk, so the SDK's "
             "own driver runs it (a stop reaches it)",
         )
     return Decision(
-        Verdict.TAKE_OVER,
+        Handling.TAKE_OVER,
         f"SageMaker SDK v3 {job.describe()}: container-entry's launcher runs it, "
         f"{'the given workers' if job.processes_per_host else 'one worker per GPU'} on every "
         "host (CONTAINER_ENTRY_SDK_DRIVER=sdk: the SDK's own driver)",

@@ -121,7 +121,7 @@ class Settings:
         0,
         _count,
         "torchrun `--max-restarts`: a failed worker group restarts on every host (resume "
-        "from `SM_CHECKPOINT_DIR`); see Restarts",
+        "from `SM_CHECKPOINT_DIR`); see docs/restarts.md",
     )
     stop_grace_period: float = _setting(
         100.0, _seconds, "seconds ranks get after SIGTERM before SIGKILL (SageMaker kills at 120 s)"
@@ -160,14 +160,14 @@ class Settings:
         "how each host runs the entry point: `auto` (one DDP worker per GPU, unless the entry "
         "point launches its own workers, its instance group is outside the distribution groups "
         "or `distribution=` asks for another launcher), `ddp` (our workers even so) or `once` "
-        "(once per host, as the DLC runs it); see Entry points that launch their own workers",
+        "(once per host, as the DLC runs it); see docs/launch-modes.md",
     )
     sdk_driver: str = _setting(
         "container-entry",
         _sdk_driver,
         "SageMaker SDK v3 `ModelTrainer(source_code=...)` with `entry_script`: "
         "`container-entry` (our launcher runs it, one worker per GPU on every host) or `sdk` "
-        "(the SDK's own driver, as without this image); see SDK v3",
+        "(the SDK's own driver, as without this image); see docs/sdk-v3.md",
     )
     dry_run: bool = _setting(
         False,

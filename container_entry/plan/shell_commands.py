@@ -17,6 +17,7 @@ import string
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from container_entry.common.workers import SHELLS
 from container_entry.plan.shell_words import Budget, Command, commands
 
 # command word -> the launcher, as a user names it
@@ -39,7 +40,6 @@ MODULES = {
     "deepspeed.launcher.runner": "deepspeed",
     "horovod.runner.launch": "horovodrun",
 }
-SHELLS = {"sh", "bash", "dash", "zsh", "ksh"}
 RESERVED = {"if", "then", "else", "elif", "do", "while", "until", "!", "{", "coproc"}
 # wrapper -> (its options that take a value, how many operands come before the command)
 WRAPPERS: Mapping[str, tuple[frozenset[str], int]] = {

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from container_entry.common.errors import ConfigError
 from container_entry.common.programs import TORCHRUN_MODULE, WORKER_MODULE
-from container_entry.plan.cluster import Topology
+from container_entry.plan.cluster import Topology, source_of
 from container_entry.plan.gpus import GpuCount
 from container_entry.plan.settings import Settings
 from container_entry.plan.worker_defaults import version_tuple
@@ -118,12 +118,11 @@ def rendezvous_flags(
         "rdzv-id": str(job_name or "container-entry"),
         "rdzv-conf": f"is_host={'true' if topology.node_rank == 0 else 'false'}",
     }
-    # the node that c10d makes rank 0 advertises this address to every worker
-    if topology.nnodes == 1:
-        wanted["local-addr"] = "127.0.0.1"
-    elif topology.coordinated:  # a source that knows every host's real name (SageMaker)
-        wanted["local-addr"] = topology.current_host
-    # else (torchrun-style env: host names unknown) torch's own default, the host's FQDN
+    # the node that c10d makes rank 0 advertises this address to every worker (None: torch's
+    # own default, the host's FQDN)
+    local = source_of(topology).local_addr(topology)
+    if local is not None:
+        wanted["local-addr"] = local
     return {**wanted, "max-restarts": str(restarts)}
 
 

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from container_entry.common.logs import PREFIX
 from container_entry.plan.machine import read_efa_devices
 from container_entry.rank.preflight_checks import (
     PreflightError,
@@ -180,8 +181,8 @@ def _check_efa(me: Rank, efa: list[str], debug_dir: str | None) -> None:
     for log in Path(debug_dir).glob("nccl.*.log"):
         lines += log.read_text(errors="replace").splitlines()
     for line in lines:
-        if " NCCL WARN " in line:
-            print(line, file=sys.stderr)
+        if " NCCL WARN " in line:  # the preflight's own NCCL, not the script's
+            print(f"{PREFIX} preflight's NCCL: {line}", file=sys.stderr)
     problem = ofi_problem(*nccl_network(lines), efa)
     if problem:
         raise fail("efa-network", me.host, problem)
@@ -261,7 +262,8 @@ def main() -> None:
     if me.local_rank == 0:
         took = stage_seconds(progress.marks, time.monotonic())
         print(
-            f"preflight ok on {me.host}: {me.local_world} workers, {visible} GPUs, {measured}; "
+            f"{PREFIX} preflight ok on {me.host}: {me.local_world} workers, {visible} GPUs, "
+            f"{measured}; "
             f"{took}",
             flush=True,
         )

@@ -13,9 +13,10 @@ from typing import Any
 
 from container_entry.common import shm
 from container_entry.common.exits import ExitCode
+from container_entry.common.logs import PREFIX
 
-# The exit code of a failed check (README, "Exit codes"): this host's GPUs are not usable as
-# counted, or a peer never joined (the deadline); any other check FAILED.
+# The exit code of a failed check (docs/failure-stop-logs.md, "Exit codes"): this host's GPUs are
+# not usable as counted, or a peer never joined (the deadline); any other check FAILED.
 EXIT_CODES: Mapping[str, ExitCode] = {
     "gpu-count": ExitCode.DEVICE,
     "gpu-matmul": ExitCode.DEVICE,
@@ -122,4 +123,4 @@ def shm_line(host: str, path: str = shm.PATH) -> str | None:
     """The plan's /dev/shm warning (container_entry.common.shm), printed by the preflight on each
     host."""
     warning = shm.warning(shm.read_bytes(path))
-    return f"preflight warning on {host}: {warning}" if warning else None
+    return f"{PREFIX} preflight warning on {host}: {warning}" if warning else None

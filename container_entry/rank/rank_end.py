@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from container_entry.common.logs import ours
 from container_entry.common.records import write_json
 from container_entry.common.text import TRACEBACK, escaped
 
@@ -65,9 +66,9 @@ def fatal_error(stderr_tail: list[str]) -> str | None:
 
 def last_words(stderr_tail: list[str]) -> str | None:
     """The last line the script wrote to stderr: `sys.exit("fatal: ...")` and argparse put
-    their reason there."""
+    their reason there (never a line of ours, such as the exit teardown's)."""
     for line in reversed(stderr_tail):
-        if line.strip():
+        if line.strip() and not ours(line):
             return line.strip()[:500]
     return None
 

@@ -10,16 +10,23 @@ import time
 
 from container_entry.common.exits import signal_name, signal_number
 from container_entry.common.layout import ControlDir
-from container_entry.common.stopping import STOP_SIGNALS
+from container_entry.common.stopping import STOP_SIGNALS, StopSignal
 
 
 class RankStop:
-    """The first stop this rank got: the signal's name and when. (Plain classes here, no
-    dataclasses: each of those costs the wrapper's start-up most of a millisecond.)"""
+    """The first stop this rank got, as it came (`came`: its signal and when). (A plain class
+    here, no dataclass: each of those costs the wrapper's start-up most of a millisecond.)"""
 
-    def __init__(self, name: str | None = None, at: float | None = None) -> None:
-        self.name = name
-        self.at = at
+    def __init__(self, came: StopSignal | None = None) -> None:
+        self.came = came
+
+    @property
+    def name(self) -> str | None:
+        return self.came.name if self.came else None
+
+    @property
+    def at(self) -> float | None:
+        return self.came.at if self.came else None
 
     @classmethod
     def noted(cls, early: dict[int, float]) -> RankStop:
@@ -30,19 +37,24 @@ class RankStop:
             signal.signal(sig, stop.note)
         if early:
             signum, at = min(early.items(), key=lambda item: item[1])
-            stop.name, stop.at = signal_name(signum), at
+            stop.came = StopSignal(signal_name(signum), at)
         return stop
 
     def note(self, signum: int, _frame: object = None) -> None:
-        if self.name is None:
-            self.name, self.at = signal_name(signum), time.time()
+        if self.came is None:
+            self.came = StopSignal(signal_name(signum), time.time())
 
     def requested(self, control: ControlDir) -> bool:
-        """A stop was signalled to this rank, or came before torchrun started it (the
-        bootstrap writes the stop file before it signals the workers)."""
-        if self.name is None and control.stop.exists():
-            self.name, self.at = "SIGTERM", time.time()
-        return self.name is not None
+        """A stop was signalled to this rank, or came before torchrun started it: the
+        bootstrap writes the stop, as it came, to the stop file before it signals the workers,
+        so the signal recorded is the one that came (SIGINT, SIGHUP), never one assumed."""
+        if self.came is None:
+            try:
+                text = control.stop.read_text(encoding="ascii", errors="replace")
+            except OSError:
+                return False
+            self.came = StopSignal.read(text) or StopSignal("SIGTERM", time.time())
+        return True
 
     @property
     def signum(self) -> int:

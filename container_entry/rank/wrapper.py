@@ -51,6 +51,7 @@ from typing import Any
 from container_entry.common.console import Console, console_stderr
 from container_entry.common.exits import signal_name
 from container_entry.common.layout import CONTROL_ENV, ControlDir, RunDir
+from container_entry.common.logs import PREFIX
 from container_entry.common.masking import Masker
 from container_entry.common.programs import RANK_RUNNER, SITE_DIR
 from container_entry.common.records import Command, RankRecord, WorkerPids
@@ -162,7 +163,7 @@ class Wrapper:
 
     def say(self, text: str) -> None:
         """One line of ours about this rank, on its stderr console."""
-        self.err_console.write(self.prefix + encoded(f"container-entry: {text}") + b"\n")
+        self.err_console.write(self.prefix + encoded(f"{PREFIX} {text}") + b"\n")
 
     def _log_stopped(self, what: str) -> None:
         self.trouble.setdefault("log_error", what)
@@ -173,7 +174,7 @@ class Wrapper:
 
     def _console_stopped(self, _stream: Console, what: str) -> None:
         self.trouble.setdefault("console_error", what)
-        self.log.write(encoded(f"container-entry: {what}; the rank log still has every line\n"))
+        self.log.write(encoded(f"{PREFIX} {what}; the rank log still has every line\n"))
 
     def run_stages(self, command: list[str]) -> Ended:
         """The preflight, then the script (`command`), in this same slot, so the job needs one
@@ -315,8 +316,7 @@ class Wrapper:
             exception=ended.start_error or exception or parse_exception(lines),
             fatal_error=fatal_error(lines),
             last_words=last_words(lines) if status else None,
-            stop_signal=self.stop.name,
-            stop_requested_at=self.stop.at,
+            stop=self.stop.came,
             started_at=self.started,
             failed_at=ended.failed_at if status else None,
             script_ended_at=ended.script_ended_at,
@@ -335,7 +335,7 @@ class Wrapper:
         # after the record: the bootstrap hears of the failure at once (the job's first failure
         # is decided by when each host's arrives), while torchrun, which ends this host's other
         # ranks when this wrapper exits, waits for their records
-        if record.failed and not record.stop_signal:
+        if record.failed and record.stop is None:
             self.peers_records(record)
 
     def peers_records(self, record: RankRecord) -> None:

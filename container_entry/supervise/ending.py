@@ -1,10 +1,10 @@
 """How one host's run ends: one type, decided in one place, and the verdict it becomes. Pure.
 
-`decide` looks at what the supervisor saw (`Seen`) and names the ending (`Kind`, declared in
-priority order: where one look shows several, the first wins). The supervisor asks it at every
-look until it names one, then tears the ranks down the way that ending needs (teardown.py), and
-asks once more when torchrun exited on its own. `verdict` turns the ending and what the run
-left (`Observed`) into the exit code and the failure file's lines.
+`ending_of` looks at what the supervisor saw (`Seen`) and names the ending (`EndingKind`,
+declared in priority order: where one look shows several, the first wins). The supervisor asks
+it at every look until it names one, then tears the ranks down the way that ending needs
+(teardown.py), and asks once more when torchrun exited on its own. `verdict` turns the ending
+and what the run left (`Observed`) into the exit code and the failure file's lines.
 """
 
 from __future__ import annotations
@@ -16,19 +16,21 @@ from dataclasses import dataclass, field
 from container_entry.common.exits import ExitCode, of_returncode, stopped_exit_code
 from container_entry.common.layout import RunDir
 from container_entry.common.records import RankRecord
+from container_entry.common.stopping import StopSignal
 from container_entry.common.text import escaped
 from container_entry.diagnose.failure import (
     describe_exit,
     describe_rank,
+    hung_words,
     permanent,
     stack_lines,
     words,
 )
-from container_entry.diagnose.hang import hung_text, is_hang
+from container_entry.diagnose.hang import is_hang
 from container_entry.supervise.torchrun_output import USAGE_ERROR
 
 
-class Kind(enum.Enum):
+class EndingKind(enum.Enum):
     """How a run ends, in priority order."""
 
     STOPPED = "stopped"  # SIGTERM, SIGINT or SIGHUP reached this host's bootstrap
@@ -45,9 +47,9 @@ class Kind(enum.Enum):
 
 @dataclass(frozen=True)
 class Seen:
-    """What one look at the run shows: everything `decide` needs, nothing it must fetch."""
+    """What one look at the run shows: everything `ending_of` needs, nothing it must fetch."""
 
-    stop_signal: str | None = None
+    stop: StopSignal | None = None  # this host's own
     failures: tuple[RankRecord, ...] = ()  # this host's ranks that failed on their own
     restarts: int = 0  # torchrun's --max-restarts: it restarts a failed group itself
     exited: bool = False  # torchrun exited: its restarts are over
@@ -61,34 +63,34 @@ class Seen:
 
 @dataclass(frozen=True)
 class Ending:
-    kind: Kind
+    kind: EndingKind
     record: RankRecord | None = None  # the failure or hang verdict it names, if any
     master: str | None = None  # the lost master
     culprit: str | None = None  # a collective timed out: whom the ranks waited for (culprit.py)
 
 
-def decide(seen: Seen) -> Ending | None:
+def ending_of(seen: Seen) -> Ending | None:
     """The ending this look shows, the first kind in priority order; None: none yet."""
-    if seen.stop_signal:
-        return Ending(Kind.STOPPED)
+    if seen.stop is not None:
+        return Ending(EndingKind.STOPPED)
     failures = seen.failures
     # a failure that would repeat identically is not worth a restart (failure.permanent)
     if failures and (seen.restarts == 0 or seen.exited or any(map(permanent, failures))):
-        return Ending(Kind.FAILED, min(failures, key=lambda r: r.began or 0))
+        return Ending(EndingKind.FAILED, min(failures, key=lambda r: r.began or 0))
     if seen.lost_master is not None:
-        return Ending(Kind.LOST_MASTER, master=seen.lost_master)
+        return Ending(EndingKind.LOST_MASTER, master=seen.lost_master)
     if seen.relayed is not None and is_hang(seen.relayed):
-        return Ending(Kind.HUNG, seen.relayed)
+        return Ending(EndingKind.HUNG, seen.relayed)
     if seen.hang_timeout and seen.idle is not None and seen.idle >= seen.hang_timeout:
-        what = hung_text(seen.hang_timeout)
+        what = hung_words(seen.hang_timeout)
         record = RankRecord(host=seen.host, rank=None, returncode=ExitCode.HUNG, what=what)
-        return Ending(Kind.HUNG, record)
+        return Ending(EndingKind.HUNG, record)
     if seen.relayed is not None:
-        kind = Kind.PEER_STOPPED if seen.relayed.host_stopped else Kind.PEER_FAILED
+        kind = EndingKind.PEER_STOPPED if seen.relayed.host_stopped else EndingKind.PEER_FAILED
         return Ending(kind, seen.relayed)
     if not seen.exited:
         return None
-    return Ending(Kind.TORCHRUN_FAILED if seen.returncode else Kind.SUCCEEDED)
+    return Ending(EndingKind.TORCHRUN_FAILED if seen.returncode else EndingKind.SUCCEEDED)
 
 
 @dataclass
@@ -99,8 +101,8 @@ class Observed:
     returncode: int | None = None  # torchrun's
     results: dict[int, RankRecord] = field(default_factory=dict)
     launched: set[int] = field(default_factory=set)  # ranks whose wrapper announced itself
-    stop_signal: str | None = None
-    stop_at: float | None = None
+    # the stop this host's ranks got, from when: its own, or another host's as its word came
+    stop: StopSignal | None = None
     torchrun_tail: list[str] = field(default_factory=list)
     forced_kill: bool = False  # ranks still running at the teardown's deadline were killed
     grace: float = 0.0  # the grace period that teardown gave
@@ -120,32 +122,32 @@ def verdict(ending: Ending, run: Observed, host: str, run_dir: RunDir) -> Verdic
     failed = sorted((r for r in run.results.values() if r.failed), key=lambda r: r.rank or 0)
     details = [f"  {describe_rank(r)}" for r in failed] + stack_lines(run_dir) + [logs]
     kind, record = ending.kind, ending.record
-    if kind in (Kind.STOPPED, Kind.PEER_STOPPED):  # torchrun's status says nothing here
+    if kind in (EndingKind.STOPPED, EndingKind.PEER_STOPPED):  # torchrun's status says nothing here
         if finished_before_stop(run):
             return Verdict(ExitCode.SUCCESS, "", [])
-        if kind is Kind.STOPPED or record is None:
-            reason = f"{stopped_words(run.stop_signal, host)}: {stopped_ranks(run)}"
+        if kind is EndingKind.STOPPED or record is None:
+            reason = f"{stopped_words(run.stop, host)}: {stopped_ranks(run)}"
         else:  # another host's, which this host's ranks got too
             reason = f"{words(record)}; on {host}: {stopped_ranks(run)}"
-        relayed = record.stop_signal if record is not None else None  # before any launch
-        return Verdict(stopped_exit_code(run.stop_signal or relayed), reason, details)
-    if kind is Kind.HUNG:  # first line exactly the verdict; then where each rank was
+        came = run.stop or (record.stop if record is not None else None)  # before any launch
+        return Verdict(came.exit_code if came else stopped_exit_code(None), reason, details)
+    if kind is EndingKind.HUNG:  # first line exactly the verdict; then where each rank was
         assert record is not None
         return Verdict(ExitCode.HUNG, record.what or "hung", [*stack_lines(run_dir), logs])
-    if kind in (Kind.FAILED, Kind.PEER_FAILED):
+    if kind in (EndingKind.FAILED, EndingKind.PEER_FAILED):
         assert record is not None
         code = of_returncode(record.returncode or ExitCode.FAILED)
         reason = f"{words(record, run.restarts)} [first failure]"
         if ending.culprit:  # the rank to blame first, the rank that timed out waiting after
             reason = f"collective timed out: {ending.culprit}; {reason}"
         return Verdict(code, reason, details)
-    if kind is Kind.LOST_MASTER:
+    if kind is EndingKind.LOST_MASTER:
         text = (
             f"lost contact with the master host {ending.master} "
             f"(its bootstrap exited or the host died); {host} stopped"
         )
         return Verdict(ExitCode.FAILED, text, details)
-    if kind is Kind.TORCHRUN_FAILED:
+    if kind is EndingKind.TORCHRUN_FAILED:
         code, reason = torchrun_failed(run, host)
         return Verdict(code, reason, details)
     return Verdict(ExitCode.SUCCESS, "", [])
@@ -161,7 +163,7 @@ def finished_before_stop(run: Observed) -> bool:
         r is not None
         and not r.failed
         and (r.script_ended_at or r.ended_at) is not None
-        and (r.script_ended_at or r.ended_at or 0) <= (run.stop_at or 0)
+        and (r.script_ended_at or r.ended_at or 0) <= (run.stop.at if run.stop else 0)
         for r in ranks
     )
 
@@ -179,17 +181,17 @@ def stop_cut_a_script(run: Observed, ended: Collection[int]) -> bool:
     return any(rank not in run.results and rank not in ended for rank in run.launched)
 
 
-def stopped_words(stop_signal: str | None, host: str) -> str:
+def stopped_words(stop: StopSignal | None, host: str) -> str:
     """A stop in words that name the host it reached, for every host's first line."""
     return (
-        f"job stopped by {stop_signal} on {host} (StopTrainingJob, Spot interruption or "
-        "docker stop)"
+        f"job stopped by {stop.name if stop else None} on {host} (StopTrainingJob, Spot "
+        "interruption or docker stop)"
     )
 
 
 def stopped_ranks(run: Observed) -> str:
     """How many ranks exited in time after a stop, and which were still running and killed."""
-    stop_at = run.stop_at or 0.0
+    stop_at = run.stop.at if run.stop else 0.0
     exited = [r for r in run.results.values() if r.ended_at and stop_at]
     slowest = max((max(0.0, (r.ended_at or 0) - stop_at) for r in exited), default=0.0)
     killed = sorted(run.launched - set(run.results))

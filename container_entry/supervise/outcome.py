@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from container_entry.common.layout import RunDir
-from container_entry.common.logs import MASKER, log, redact
+from container_entry.common.logs import MASKER, log, masked_text
 from container_entry.common.text import escaped, register
+from container_entry.supervise.ending import Verdict
 
 
 class Outcome:
-    """Writes the outcome once; keeps a failure file the user's script wrote during this run."""
+    """Writes the outcome once; keeps a failure file the user's script wrote during this run.
+    The only writer of both files: every way a run ends reaches them as a Verdict (`write`)."""
 
     def __init__(self, base_dir: Path) -> None:
         self.output = base_dir / "output"
@@ -28,15 +30,23 @@ class Outcome:
         try:
             path = self.output / name
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(redact(text), encoding="utf-8", errors=register())
+            path.write_text(masked_text(text), encoding="utf-8", errors=register())
         except OSError as error:
             log(f"cannot write {escaped(str(self.output / name))}: {error.strerror}")
 
-    def success(self) -> None:
+    def write(self, verdict: Verdict, record: dict[str, Any] | None = None) -> int:
+        """The verdict in the outcome files (`record`: failure.json's); its exit code."""
+        if verdict.exit_code == 0:
+            self._success()
+        else:
+            self._failure(verdict.reason, verdict.details, record)
+        return verdict.exit_code
+
+    def _success(self) -> None:
         self._write("success", "")
         self.written = True
 
-    def failure(
+    def _failure(
         self, reason: str, details: list[str] | None = None, record: dict[str, Any] | None = None
     ) -> None:
         self.written = True

@@ -1,9 +1,9 @@
 """One host's launch, supervised: torchrun handed its command, the run watched, the ranks taken
 down the way its ending needs, and what the run left gathered for the verdict.
 
-launch -> look -> decide (ending.py) -> teardown (teardown.py) -> Observed. Each look reads the
+launch -> look -> ending_of (ending.py) -> teardown (teardown.py) -> Observed. Each look reads the
 ranks' records and pid files (only when a folder changed), the master's word and the stop
-signals; `decide` names the ending as soon as there is one, and the teardown for it starts.
+signals; `ending_of` names the ending as soon as there is one, and the teardown for it starts.
 Whatever ends the job, every worker process group is gone when `monitor` returns.
 
 Stop: the bootstrap delivers it on every torch release. torchrun before 2.12 kills the workers
@@ -27,11 +27,10 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
-from container_entry.common.exits import stopped_exit_code
 from container_entry.common.layout import ControlDir, RunDir
 from container_entry.common.logs import log
 from container_entry.common.records import Command, RankRecord, read_json, shown_ranks
-from container_entry.common.stopping import Stop
+from container_entry.common.stopping import Stop, StopSignal
 from container_entry.common.workers import Workers, childless, reap_orphans
 from container_entry.diagnose import culprit, gpu_memory
 from container_entry.diagnose.failure import (
@@ -42,18 +41,21 @@ from container_entry.diagnose.failure import (
     words,
 )
 from container_entry.diagnose.hang import PROGRESS_ENV, Activity
-from container_entry.hosts import Member
+from container_entry.hosts.session import Session
 from container_entry.plan.plan import Plan
+from container_entry.supervise.agreement import agreed
 from container_entry.supervise.ending import (
     Ending,
-    Kind,
+    EndingKind,
     Observed,
     Seen,
-    decide,
+    Verdict,
+    ending_of,
     stop_cut_a_script,
     stopped_words,
+    verdict,
 )
-from container_entry.supervise.prestart import Prestarted, spawn
+from container_entry.supervise.prestart import Prestarted
 from container_entry.supervise.teardown import Hanging, Stopping, Teardown, Winding
 from container_entry.supervise.torchrun_output import TorchrunOutput
 from container_entry.supervise.torchrun_process import child_environment, script_environment
@@ -67,21 +69,20 @@ class Supervisor:
         plan: Plan,
         environ: Mapping[str, str],
         run_dir: RunDir,
-        member: Member | None,
+        session: Session,
         stop: Stop,
         prestarted: Prestarted | None = None,
-        peers_running: Callable[[], bool] | None = None,
     ) -> None:
         self.plan = plan
         self.environ = environ
         self.run_dir = run_dir
-        self.member = member
+        self.session = session  # the side channel (one host: nothing to ask of it)
         self.stop = stop
         self.prestarted = prestarted
         self.torchrun_pid: int | None = None  # once launched (torchrun_starting)
         # the master's: whether another host's bootstrap still runs its ranks (this torchrun
         # hosts the store they may still poll)
-        self.peers_running = peers_running
+        self.peers_running = session.peers_running()
         self.settings = plan.settings
         self.control = ControlDir.create("job")
         self.workers = Workers(self.control)
@@ -93,11 +94,19 @@ class Supervisor:
         self._stamps: tuple[int, ...] = ()  # the two folders' change times at the last scan
         self._scanned = 0.0
 
+    def run(self) -> tuple[Ending, Verdict]:
+        """The run, to its end: this host's final ending, the job's first failure agreed across
+        hosts included (agreement.py), and the verdict it becomes."""
+        ending = self.before_launch() or self.monitor(self.launch())
+        host, restarts = self.plan.topology.current_host, self.plan.max_restarts
+        ending = agreed(ending, self.observed, self.session, host, self.run_dir, restarts)
+        return ending, verdict(ending, self.observed, host, self.run_dir)
+
     def before_launch(self) -> Ending | None:
         """A peer failed, or the master went away, while this host prepared."""
-        if self.member is None or not self.member.aborted.is_set():
+        if not self.session.interrupted():
             return None
-        self.ending = decide(self.seen(exited=False))
+        self.ending = ending_of(self.seen(exited=False))
         return self.ending
 
     # -- launch ---------------------------------------------------------------------------
@@ -115,21 +124,19 @@ class Supervisor:
             sh_fallback=self.plan.sdk is not None,
             once_env=script_environment(self.plan, self.environ) if self.plan.once else None,
         ).write(self.control.command)
-        self.stop.raising = False
+        self.stop.workers_started()
         timeout = self.settings.hang_timeout  # None: auto, which watches several hosts only
-        if timeout or (timeout is None and self.member):
+        if timeout or (timeout is None and self.session.coordinated):
             progress = self._effective(PROGRESS_ENV)
             activity = self.activity = Activity(
                 self.run_dir, progress, self.control.started, self.torchrun_starting
             )
-            if self.member:  # several hosts: the master decides, from every host's idle time
-                self.member.idle = activity.idle if timeout else activity.idle_since_printing
+            # several hosts: the master decides, from every host's idle time
+            self.session.report_idle(activity.idle if timeout else activity.idle_since_printing)
         env = child_environment(self.plan, self.environ, self.control)
-        if self.prestarted is not None:
-            ready = str(self.control.torchrun_ready)
-            process = self.prestarted.launch(self.plan.argv, env, self.plan.code.code_dir, ready)
-        else:
-            process = spawn(self.plan.argv, env, self.plan.code.code_dir)
+        assert self.prestarted is not None, "the cli starts torchrun before the plan"
+        ready = str(self.control.torchrun_ready)
+        process = self.prestarted.launch(self.plan.argv, env, self.plan.code.code_dir, ready)
         self.torchrun_pid = process.pid
         return process
 
@@ -146,7 +153,7 @@ class Supervisor:
 
     # -- monitor --------------------------------------------------------------------------
     def monitor(self, process: subprocess.Popen) -> Ending:
-        """Watch until torchrun exits: decide, tear down, force at the teardown's deadline."""
+        """Watch until torchrun exits: ending_of, tear down, force at the teardown's deadline."""
         pump = threading.Thread(target=self.output.pump, args=(process,), daemon=True)
         pump.start()
         teardown: Teardown | None = None
@@ -169,10 +176,10 @@ class Supervisor:
         self.observed.returncode = process.returncode
         self.observed.torchrun_tail = list(self.output.tail)
         if self.ending is None:  # torchrun exited on its own: its restarts are over
-            self.ending = decide(self.seen(exited=True))
+            self.ending = ending_of(self.seen(exited=True))
             if self.ending is not None:  # a stop now, with nothing left to stop: which, when
                 self._note_the_stop(self.ending)
-        assert self.ending is not None  # decide always names an ending once torchrun exited
+        assert self.ending is not None  # ending_of always names an ending once torchrun exited
         return self.ending
 
     def look(self, now: float, *, always: bool = False) -> None:
@@ -193,20 +200,18 @@ class Supervisor:
             self._stamps, self._scanned = stamps, now
 
     def seen(self, *, exited: bool) -> Seen:
-        """What this look shows, for `decide`."""
-        member = self.member
+        """What this look shows, for `ending_of`."""
         failures = [r for r in self.observed.results.values() if r.failed_on_its_own]
-        lost = member.master if member and member.lost_master else None
-        relayed = member.abort if member and member.aborted.is_set() else None
-        alone = self.activity is not None and member is None  # one host: its own watchdog
+        # one host: its own watchdog
+        alone = self.activity is not None and not self.session.coordinated
         return Seen(
-            stop_signal=self.stop.signal,
+            stop=self.stop.came,
             failures=tuple(failures),
             restarts=self.plan.max_restarts,
             exited=exited,
             returncode=self.observed.returncode,
-            lost_master=lost,
-            relayed=relayed,
+            lost_master=self.session.lost_master(),
+            relayed=self.session.relayed(),
             idle=self.activity.idle() if alone and self.activity else None,
             hang_timeout=self.settings.hang_timeout or 0.0,  # one host: auto is off
             host=self.plan.topology.current_host,
@@ -214,7 +219,7 @@ class Supervisor:
 
     def begin(self, process: subprocess.Popen, now: float) -> Teardown | None:
         """The teardown for the ending this look shows, started; None while there is none."""
-        ending = decide(self.seen(exited=False))
+        ending = ending_of(self.seen(exited=False))
         if ending is None:
             return None
         self.ending = ending
@@ -227,20 +232,20 @@ class Supervisor:
         parts = (process, self.workers, self.observed)
         grace = self.settings.failure_grace_period
         record = ending.record
-        if ending.kind in (Kind.STOPPED, Kind.PEER_STOPPED):
+        if ending.kind in (EndingKind.STOPPED, EndingKind.PEER_STOPPED):
             self._note_the_stop(ending)
             grace = self.settings.stop_grace_period
-            cause = words(record) if ending.kind is Kind.PEER_STOPPED and record else None
+            cause = words(record) if ending.kind is EndingKind.PEER_STOPPED and record else None
             once = self.plan.once
             return Stopping(*parts, grace, self.control, self.peers_running, cause, once)
-        if ending.kind is Kind.HUNG:
+        if ending.kind is EndingKind.HUNG:
             assert record is not None
             message = f"{record.what}: recording stacks, stopping this host's workers"
             return Hanging(*parts, grace, message, self.control, self.run_dir, self._sharer())
-        if ending.kind is Kind.FAILED:
+        if ending.kind is EndingKind.FAILED:
             assert record is not None
             record = self._with_gpu_memory(record)
-            self.ending = Ending(Kind.FAILED, record)
+            self.ending = Ending(EndingKind.FAILED, record)
             message = (
                 f"{failed_one(record)} on {record.host} failed: stopping this host's workers "
                 "and telling the other hosts"
@@ -250,7 +255,7 @@ class Supervisor:
                 where = (self.control, self.run_dir, self._sharer())
                 return Hanging(*parts, grace, message, *where, tell=tell)
             return Winding(*parts, grace, message, tell)
-        if ending.kind is Kind.LOST_MASTER:
+        if ending.kind is EndingKind.LOST_MASTER:
             message = f"lost the master host {ending.master}: recording stacks, stopping"
             return Winding(*parts, grace, message)
         message = "another host failed: recording stacks, stopping this host's workers"
@@ -283,14 +288,13 @@ class Supervisor:
         inside the collective (their peers closed the connection, or NCCL aborted) before
         those hosts had asked them for their records and stacks: the hosts hear the verdict
         at different moments, and each is as slow as its machine."""
-        member = self.member
-        if member is None:
+        session = self.session
+        if not session.coordinated:
             return None
         host = self.plan.topology.current_host
 
         def share() -> None:
-            member.post_records(culprit.local_ranks(self.run_dir, host))
-            member.hang_culprit()  # every host's records are in (or the wait is over)
+            session.share_records(culprit.local_ranks(self.run_dir, host))
 
         return share
 
@@ -300,36 +304,31 @@ class Supervisor:
         (PEER_STOPPED), as its word arrived. Its own, where it cuts a running script, is told
         to the other hosts with its moment before any rank here is signalled
         (ending.stop_cut_a_script)."""
-        observed, member = self.observed, self.member
-        relayed = ending.record if ending.kind is Kind.PEER_STOPPED else None
-        if ending.kind is not Kind.STOPPED and relayed is None:
+        observed, session = self.observed, self.session
+        relayed = ending.record if ending.kind is EndingKind.PEER_STOPPED else None
+        if ending.kind is not EndingKind.STOPPED and relayed is None:
             return
         if relayed is not None:
-            arrived = member.aborted_at if member is not None else None
-            observed.stop_signal, observed.stop_at = relayed.stop_signal, arrived or time.time()
+            name = relayed.stop.name if relayed.stop else "SIGTERM"  # its ranks get this now
+            observed.stop = StopSignal(name, session.relayed_at() or time.time())
             return
-        observed.stop_signal, observed.stop_at = self.stop.signal, self.stop.at
+        observed.stop = self.stop.came
         ended = {r for r in observed.launched if self.control.exiting(r).exists()}
-        if member is None or not stop_cut_a_script(observed, ended):
+        if not session.coordinated or not stop_cut_a_script(observed, ended):
             return
-        host, name = self.plan.topology.current_host, self.stop.signal
-        code, what = stopped_exit_code(name), stopped_words(name, host)
-        member.post_failure(
-            RankRecord(
-                host, None, returncode=code, what=what, stop_signal=name, failed_at=self.stop.at
-            )
-        )
+        came = self.stop.came
+        assert came is not None  # a STOPPED ending: the handler noted it
+        what = stopped_words(came, self.plan.topology.current_host)
+        session.post(session.host_failure(what, came.exit_code, came))
 
     def _teller(self, record: RankRecord) -> Callable[[], None] | None:
-        member = self.member
-        if member is None:
+        if not self.session.coordinated:
             return None
-        return lambda: member.post_failure(summarized(record, self.plan.max_restarts))
+        return lambda: self.session.post(summarized(record, self.plan.max_restarts))
 
     def clean_up(self, process: subprocess.Popen, pump: threading.Thread) -> None:
         """Nothing outlives the launcher; the last records read; the control folder gone."""
-        if self.member:
-            self.member.idle = None
+        self.session.report_idle(None)
         self.workers.signal(signal.SIGKILL)
         if process.poll() is None:
             process.kill()

@@ -1,10 +1,10 @@
 """Taking this host's ranks down, one small object per way: `start` once, `step` at every look
 of the supervisor until `deadline`, then `force`. Which one runs is the ending's business
-(ending.decide); these only do it.
+(ending.ending_of); these only do it.
 
 - `Stopping` (a stop, here or on another host): the bootstrap delivers the signal itself and
-  torchrun never gets one while ranks run (launch.py says why: its 30 s kill before torch 2.12,
-  and the job's store it hosts, which NCCL's heartbeat thread polls until a rank exits);
+  torchrun never gets one while ranks run (supervisor.py says why: its 30 s kill before torch
+  2.12, and the job's store it hosts, which NCCL's heartbeat thread polls until a rank exits);
 - `Winding` (a failure here or elsewhere, a lost master): stacks first, then torchrun told to
   end its ranks, killed after FAILURE_GRACE_PERIOD;
 - `Hanging` (the hang watchdog, or a collective that timed out here or elsewhere): as
@@ -18,10 +18,12 @@ import contextlib
 import math
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 
 from container_entry.common.layout import ControlDir, RunDir
 from container_entry.common.logs import log
+from container_entry.common.stopping import StopSignal
 from container_entry.common.workers import Workers, children, signal_tree, stop_launched
 from container_entry.diagnose import flight_recorder
 from container_entry.diagnose.culprit import ranges
@@ -151,11 +153,13 @@ class Stopping(Teardown):
         self.waiting_for_peers = False
 
     def start(self, now: float) -> None:
-        stop = self.observed.stop_signal or "SIGTERM"
+        came = self.observed.stop or StopSignal("SIGTERM", time.time())
+        stop = came.name
         cause = f"{self.stopped}: this host's ranks get its {stop}" if self.stopped else None
         log(f"{cause or f'received {stop}'}: stopping every rank (grace period {self.grace:g} s)")
-        with contextlib.suppress(OSError):  # before any signal: no new worker runs anything
-            self.control.stop.write_text(stop)
+        with contextlib.suppress(OSError):  # before any signal: no new worker runs anything,
+            self.control.stop.write_text(came.text())  # and each rank records this stop
+        self.observed.stop = came
         self.observed.grace = self.grace
         self.deadline = now + self.grace
         self.step(now)
@@ -167,7 +171,7 @@ class Stopping(Teardown):
         if not self.delivering:
             return
         self.observed.launched |= set(self.workers.refresh())
-        sig = signal.Signals[self.observed.stop_signal or "SIGTERM"]
+        sig = signal.Signals(self.observed.stop.number if self.observed.stop else signal.SIGTERM)
         running = children(self.process.pid)
         for wrapper in running:  # and what it started in groups of its own, as they appear
             self.deliver(wrapper, sig, self.signalled)

@@ -29,6 +29,7 @@ from container_entry.common.workers import (
     reap_adopted,
     stop_launched,
 )
+from container_entry.supervise.ending import Verdict
 from container_entry.supervise.outcome import Outcome
 
 POLL_SECONDS = 0.5
@@ -55,12 +56,11 @@ def run_unchanged(
 ) -> int:
     """`argv` exactly as it would have run (`what` names it in our lines): its exit status, or
     128+N after a stop (`stop`, installed by the caller, never raising here)."""
-    stop.raising = False  # every stop is the child's to answer
+    stop.workers_started()  # every stop is the child's to answer
     if stop.signal is not None:
         words = f"stopped by {stop.signal} before {what} ran"
         log(words)
-        outcome.failure(f"StopRequested: {words}")
-        return stopped_exit_code(stop.signal)
+        return outcome.write(Verdict(stopped_exit_code(stop.signal), f"StopRequested: {words}", []))
     signalled: set[int] = set()
     with stop.wakes_on_child_exit():
         child = subprocess.Popen(list(argv), process_group=0, env=dict(environ))
@@ -90,6 +90,5 @@ def run_unchanged(
         waited = time.monotonic() - sent
         words = f"job stopped by {stop.signal}: {what} ended {waited:.1f} s after it"
         log(words)
-        outcome.failure(f"StopRequested: {words}")
-        return stopped_exit_code(stop.signal)
+        return outcome.write(Verdict(stopped_exit_code(stop.signal), f"StopRequested: {words}", []))
     return of_returncode(child.returncode)

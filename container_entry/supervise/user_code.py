@@ -15,7 +15,7 @@ from container_entry.common import offspring
 from container_entry.common.errors import CodeError
 from container_entry.common.logs import log
 from container_entry.common.text import escaped, quoted
-from container_entry.plan.code_source import Kind
+from container_entry.plan.code_source import CodeKind
 from container_entry.plan.plan import Plan
 
 
@@ -85,19 +85,19 @@ def prepare(plan: Plan, environ: dict[str, str]) -> Path:
     """Materialise the code directory; returns the entry script's path (checked to exist)."""
     source = plan.code
     code_dir = Path(source.code_dir)
-    if source.kind is Kind.S3:
+    if source.kind is CodeKind.S3:
         log(f"fetching code from {source.location}")
         with tempfile.TemporaryDirectory() as tmp:
             archive = Path(tmp) / "sourcedir.tar.gz"
             _download_s3(source.location, archive, environ)
             _safe_extract(archive, code_dir)
-    elif source.kind is Kind.ARCHIVE:
+    elif source.kind is CodeKind.ARCHIVE:
         log(f"extracting code from {source.location}")
         _safe_extract(Path(source.location), code_dir)
     script = Path(plan.command[0])
     if not script.is_file():
         where = escaped(str(code_dir))
-        if source.kind is not Kind.DIRECTORY:
+        if source.kind is not CodeKind.DIRECTORY:
             where += f" (from {escaped(source.location)})"
         try:  # any name may be in there: not UTF-8, a line break, a control character
             found = ", ".join(map(escaped, sorted(os.listdir(code_dir))[:10])) or "empty"

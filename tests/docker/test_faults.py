@@ -175,7 +175,7 @@ def test_a_host_that_dies_freezes_or_drops_off_the_network_is_named_by_the_other
     host dies), frozen (`docker pause`: every process stopped, as SIGSTOP) or cut off
     (`docker network disconnect`). The ranks print without any collective meanwhile, so only
     the side channel's heartbeats can tell; algo-1 must stop, naming algo-2, within the bound
-    the README states (noticed within 6 s; exited after the failure grace period)."""
+    docs/failure-stop-logs.md states (noticed within 6 s; exited after the failure grace period)."""
     hps = {"mode": '"steady"', "seconds": "600", "every": "0.5"}
     job = cluster(
         image, tmp_path, hps, script=HANG, PET_NPROC_PER_NODE="1", CONTAINER_ENTRY_PREFLIGHT="false"

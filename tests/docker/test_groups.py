@@ -85,7 +85,7 @@ def until(predicate, timeout: float) -> bool:
 def test_without_the_key_each_group_is_its_own_world_and_the_data_group_need_not_wait(
     image, tmp_path
 ):
-    job = cluster(image, tmp_path, "data=2,train=60")
+    job = cluster(image, tmp_path, "data=2,train=15")
     try:
         job.start()
         assert until(lambda: all(started(job, h) for h in job.hosts), 240)
@@ -116,7 +116,7 @@ def test_with_the_key_the_other_groups_run_once_and_the_training_group_need_not_
     image, tmp_path
 ):
     hps = {"sagemaker_distribution_instance_groups": '["train"]'}
-    job = cluster(image, tmp_path, "data=60,train=2", **hps)
+    job = cluster(image, tmp_path, "data=15,train=2", **hps)
     try:
         job.start()
         assert until(lambda: all(started(job, h) for h in job.hosts), 240)

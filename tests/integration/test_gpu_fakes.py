@@ -99,7 +99,8 @@ def test_preflight_deadline_names_the_rank_stuck_before_joining(tmp_path):
         CONTAINER_ENTRY_HANG_TIMEOUT="10",  # the preflight's own deadline speaks, not the watchdog
     )
     done = run(bootstrap_argv(), env, timeout=180)
-    assert done.returncode == 3, done.stderr[-3000:]  # a peer never joined (README exit codes)
+    # a peer never joined (docs/failure-stop-logs.md, exit codes)
+    assert done.returncode == 3, done.stderr[-3000:]
     line = (tree.output / "failure").read_text().splitlines()[0]
     assert line.startswith("preflight failed, the script did not start"), line
     assert "preflight check 'deadline' failed on host algo-1" in line, line

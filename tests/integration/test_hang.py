@@ -17,9 +17,10 @@ from tests.integration.test_faults import alive, finish, first_line, start, work
 from tests.ports import job_port
 
 PROBE = REPO / "tests" / "scripts" / "hang_probe.py"
-# A fixed HANG_TIMEOUT counts from the launch (README). The probe reports progress through its
-# own start-up (hang_probe.starting), but not through torchrun's and the wrappers' before it
-# runs: beside the other tests (make test runs 4 at a time) that took over 6 s (runs 4, 27)
+# A fixed HANG_TIMEOUT counts from the launch (docs/failure-stop-logs.md). The probe reports
+# progress through its own start-up (hang_probe.starting), but not through torchrun's and the
+# wrappers' before it runs: beside the other tests (make test runs 4 at a time) that took over
+# 6 s (runs 4, 27)
 TIMEOUT = 10
 HOSTS_TIMEOUT = 10
 

@@ -537,18 +537,18 @@ def test_a_full_disk_under_the_rank_logs_never_ends_training(tmp_path):
         last = FULL_DISK_HANG_TIMEOUT + 3
         assert f"tail {last} rank {rank}".encode() in tagged(out.text(), rank)
         assert len([x for x in tagged(err.text(), rank) if x.startswith(b"stderr step")]) == 400
-        ours = b"container-entry: rank log"
+        ours = b"[container-entry] rank log"
         notices = [x for x in tagged(err.text(), rank) if x.startswith(ours)]
         assert len(notices) == 1, notices
         assert re.fullmatch(
-            rb"container-entry: rank log \S+/logs/rank-%d\.log stopped at [\d,]+ bytes: "
+            rb"\[container-entry\] rank log \S+/logs/rank-%d\.log stopped at [\d,]+ bytes: "
             rb"No space left on device; the console still has every line" % rank,
             notices[0],
         ), notices
         # the record was written all the same (space kept for it), and says so
         kept_record = json.loads((kept / f"rank-{rank}.json").read_text())
         assert kept_record["returncode"] == 0
-        assert notices[0].decode().startswith(f"container-entry: {kept_record['log_error']}")
+        assert notices[0].decode().startswith(f"[container-entry] {kept_record['log_error']}")
     assert not (tree.output / "failure").exists()
     assert (tree.output / "success").exists()
 
@@ -566,7 +566,7 @@ def test_a_console_nobody_reads_never_ends_training_and_the_log_keeps_every_line
     for rank in (0, 1):
         log = rank_log(tree, rank).splitlines()
         assert len([x for x in log if x.startswith(b"step ")]) == 500
-        notice = b"container-entry: console (stdout) stopped: Broken pipe; the rank log still has"
+        notice = b"[container-entry] console (stdout) stopped: Broken pipe; the rank log still has"
         assert sum(x.startswith(notice) for x in log) == 1
         assert record(tree, rank)["console_error"] == "console (stdout) stopped: Broken pipe"
         assert len([x for x in tagged(err.text(), rank) if x.startswith(b"stderr step")]) == 50

@@ -195,4 +195,4 @@ def test_a_stop_while_a_rank_wrapper_starts_is_noted_never_a_traceback(tmp_path,
         own = [line for line in err.splitlines() if not line.startswith("[localhost rank 0] ")]
         assert not [line for line in own if "Traceback" in line], (delay, err[-3000:])
         rank0 = json.loads((run_dir / "rank-0.json").read_text())
-        assert rank0["stop_signal"] == name, (delay, rank0)
+        assert rank0["stop"]["name"] == name, (delay, rank0)

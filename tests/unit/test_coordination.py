@@ -16,6 +16,7 @@ import pytest
 
 from container_entry.common.errors import NetworkError
 from container_entry.common.records import PEER_GONE, RankRecord
+from container_entry.common.stopping import StopSignal
 from container_entry.hosts import Coordinator, Member, PeerFailure
 from container_entry.hosts.keys import join_proof, welcome_proof
 from container_entry.hosts.liveness import tune
@@ -403,7 +404,7 @@ def test_a_member_up_before_the_master_joins_soon_after_the_master_listens(monke
     coordinator.close()
 
 
-# -- trust: only the job's hosts take part (README, "The side channel") ----------------------
+# -- trust: only the job's hosts take part (docs/failure-stop-logs.md) ----------------------
 
 KEY = b"k" * 32
 HOSTS3 = ("algo-1", "algo-2", "algo-3")
@@ -859,9 +860,18 @@ def sagemaker_facts(host: str, **changes):
 
 
 def key_of(facts) -> bytes:
+    """The key a host derives from these files and variables (its cluster source's facts)."""
     from container_entry.hosts import job_key
+    from container_entry.plan.cluster import key_facts
+    from tests.unit.conftest import make_env
 
-    return job_key(**facts)
+    env = make_env(**facts)
+    return job_key(env.environ, key_facts(env))
+
+
+def bare_key(environ) -> bytes:
+    """The key of a host without SageMaker's files (a torchrun-style cluster, a secret)."""
+    return key_of({"environ": environ, "resource_config": None})
 
 
 def test_every_host_of_a_job_derives_the_same_key_and_another_job_another():
@@ -885,19 +895,16 @@ def test_a_secret_set_on_every_host_is_the_key_and_must_not_be_short():
     one = sagemaker_facts("algo-1", environ__CONTAINER_ENTRY_JOB_SECRET="s" * 16)
     other = sagemaker_facts("algo-2", environ=secret, hyperparameters={"x": "1"})
     assert key_of(one) == key_of(other) != key_of(sagemaker_facts("algo-1"))
-    assert job_key(secret, None, {}, {}) == key_of(one)
+    assert bare_key(secret) == key_of(one)
     with pytest.raises(ConfigError, match="CONTAINER_ENTRY_JOB_SECRET is 5 characters"):
-        job_key({"CONTAINER_ENTRY_JOB_SECRET": "short"}, None, {}, {})
+        job_key({"CONTAINER_ENTRY_JOB_SECRET": "short"}, {})
 
 
 def test_a_torchrun_style_cluster_keys_on_its_rendezvous_variables():
-    from container_entry.hosts import job_key
 
     node = {"PET_NNODES": "2", "PET_MASTER_ADDR": "job-master-0", "PET_MASTER_PORT": "23456"}
-    assert job_key({**node, "PET_NODE_RANK": "0"}, None, {}, {}) == job_key(
-        {**node, "PET_NODE_RANK": "1"}, None, {}, {}
-    )
-    assert job_key(node, None, {}, {}) != job_key({**node, "PET_NNODES": "3"}, None, {}, {})
+    assert bare_key({**node, "PET_NODE_RANK": "0"}) == bare_key({**node, "PET_NODE_RANK": "1"})
+    assert bare_key(node) != bare_key({**node, "PET_NNODES": "3"})
 
 
 def test_a_proof_binds_the_key_both_challenges_and_the_whole_join():
@@ -930,7 +937,7 @@ def test_a_proof_binds_the_key_both_challenges_and_the_whole_join():
     ],
 )
 def test_the_address_check(address, resolved, matches):
-    from container_entry.hosts.addresses import address_matches
+    from container_entry.hosts.admission import address_matches
 
     assert address_matches(address, resolved) is matches
 
@@ -1006,9 +1013,17 @@ def test_parse_refuses_what_is_not_one_json_object(line, why):
         ({"type": "failed", "failure": {"rank": -1}}, "failure rank is not between"),
         # a stop's signal reaches the receiving host's ranks: a stop signal, by name, or none
         *(
-            ({"type": "failed", "failure": {"stop_signal": bad}}, f"failure stop_signal {bad!r} is")
+            (
+                {"type": "failed", "failure": {"stop": {"name": bad, "at": 1.0}}},
+                f"failure stop {bad!r} is",
+            )
             for bad in ("SIGKILL", "SIGUSR1", "SIGTERM ", "sigterm", "15", "", "SIGRTMIN+2")
         ),
+        *(
+            ({"type": "failed", "failure": {"stop": bad}}, "failure stop is not a stop signal and")
+            for bad in ("SIGTERM", ["SIGTERM", 1.0], {"name": "SIGTERM"}, {"at": 1.0}, 15)
+        ),
+        ({"type": "failed", "failure": {"stop": {"name": "SIGTERM", "at": -1}}}, "failure stop at"),
         ({"type": "failed", "failure": {"returncode": 2**40}}, "failure returncode is not"),
         ({"type": "failed", "failure": {"exception": "x"}}, "failure exception is not"),
         ({"type": "failed", "failure": {"stderr_tail": []}}, "failure with unknown field(s)"),
@@ -1028,16 +1043,19 @@ def test_every_message_to_the_master_is_checked_against_its_schema(message, why)
 
 @pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP", None])
 def test_a_host_s_stop_crosses_with_its_signal(name):
+    from container_entry.common.stopping import StopSignal
     from container_entry.hosts.messages import to_master
 
-    stop = RankRecord(host="algo-2", rank=None, returncode=143, what="stopped", stop_signal=name)
+    came = StopSignal(name, 5.25) if name else None
+    stop = RankRecord(host="algo-2", rank=None, returncode=143, what="stopped", stop=came)
     message = to_master({"type": "failed", "failure": stop.relayed()})
-    assert message["failure"]["stop_signal"] == name
+    assert message["failure"]["stop"] == (came.to_json() if came else None)
+    assert RankRecord.from_json(message["failure"]).stop == came
 
 
 def test_a_failure_of_this_host_always_fits_the_schema():
     from container_entry.hosts.messages import to_master
-    from container_entry.hosts.schema import failure_record, fitted
+    from container_entry.hosts.schema import failure_record, fitted_record
     from container_entry.hosts.wire import LINE_LIMIT
 
     record = RankRecord(
@@ -1049,7 +1067,7 @@ def test_a_failure_of_this_host_always_fits_the_schema():
         exception={"type": "E" * 1000, "message": "é" * 50_000},
         fatal_error="f" * 5000,
     ).relayed()
-    message = {"type": "failed", "failure": fitted(record)}
+    message = {"type": "failed", "failure": fitted_record(record)}
     assert len(json.dumps(message)) + 1 <= LINE_LIMIT
     assert to_master(json.loads(json.dumps(message)))["failure"]["rank"] == 3
     assert failure_record(RankRecord(host="algo-2", rank=None, returncode=2).relayed())
@@ -1107,9 +1125,9 @@ def test_a_master_whose_own_host_is_refused_says_why_and_tells_the_others(monkey
     monkeypatch.setattr(
         network, "addresses", lambda host: {"127.0.0.1"} if host == "algo-2" else {"10.9.9.9"}
     )
-    two = Member("algo-2", "127.0.0.1", port + 1, key=job_key({}, None, {}, {}))
+    two = Member("algo-2", "127.0.0.1", port + 1, key=job_key({}, {}))
     raised = background_join(two, 10)
-    master = Session(plan, key=job_key({}, None, {}, {}))
+    master = Session(plan, key=job_key({}, {}))
     try:
         with pytest.raises(NetworkError, match=r"refused this host \(not a host of this job: addr"):
             master.join()
@@ -1241,7 +1259,12 @@ def test_a_stop_told_with_its_moment_comes_before_the_errors_its_ranks_leaving_c
     now = time.time()
     what = "job stopped by SIGTERM on algo-2 (StopTrainingJob, Spot interruption or docker stop)"
     stop = RankRecord(
-        host="algo-2", rank=None, returncode=143, what=what, stop_signal="SIGTERM", failed_at=now
+        host="algo-2",
+        rank=None,
+        returncode=143,
+        what=what,
+        stop=StopSignal("SIGTERM", now),
+        failed_at=now,
     )
     error = {"type": "RuntimeError", "message": f"Read error [127.0.0.1]:29590: {words}"}
     victim = RankRecord(
@@ -1351,15 +1374,15 @@ def test_without_a_measured_clock_arrival_decides_and_a_consequence_is_not_poste
 
 def test_message_kinds_are_their_wire_strings_and_each_direction_checks_its_own():
     from container_entry.hosts.messages import to_master, to_member
-    from container_entry.hosts.wire import Invalid, Kind, encode
+    from container_entry.hosts.wire import Invalid, MessageKind, encode
 
-    assert encode({"type": Kind.HELLO, "version": 1}) == b'{"type": "hello", "version": 1}\n'
-    assert {k.value for k in Kind} == {
+    assert encode({"type": MessageKind.HELLO, "version": 1}) == b'{"type": "hello", "version": 1}\n'
+    assert {k.value for k in MessageKind} == {
         *("hello", "join", "welcome", "refused", "start", "beat", "failed", "abort", "first"),
         *("settled", "done", "records", "culprit"),
     }
     beat = to_master({"type": "beat", "idle": 3, "time": None})
-    assert beat == {"type": "beat", "idle": 3.0, "time": None} and beat["type"] is Kind.BEAT
+    assert beat == {"type": "beat", "idle": 3.0, "time": None} and beat["type"] is MessageKind.BEAT
     assert to_member({"type": "beat"}) == {"type": "beat"}
     for kind in ("hello", "welcome", "start", "abort", "first", "culprit"):
         with pytest.raises(Invalid, match=f"unknown message type '{kind}'"):

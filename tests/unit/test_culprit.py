@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from container_entry.diagnose.culprit import Rank, analyse, calls_of, groups_of, ranges
+from container_entry.diagnose.culprit import RankCalls, analyse, calls_of, groups_of, ranges
 
 T0 = calendar.timegm((2026, 12, 4, 14, 2, 11, 0, 0, 0))
 
@@ -59,7 +59,7 @@ def dump(entries, world=4, recorder="nccl"):
 
 def rank(number, host, entries, where=None, world=4, recorder="nccl"):
     data = dump(entries, world, recorder)
-    return Rank(number, host, calls_of(data), groups_of(data), where)
+    return RankCalls(number, host, calls_of(data), groups_of(data), where)
 
 
 def test_a_rank_that_never_entered_the_collective_the_others_wait_in_is_named():

@@ -1,5 +1,5 @@
-"""How a run ends (container_entry.supervise.ending), without processes: `decide`'s priority order
-over every pair of endings one look can show, and the verdict each ending becomes."""
+"""How a run ends (container_entry.supervise.ending), without processes: `ending_of`'s priority
+order over every pair of endings one look can show, and the verdict each ending becomes."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ import pytest
 from container_entry.common.exits import ExitCode
 from container_entry.common.layout import RunDir
 from container_entry.common.records import RankRecord
-from container_entry.diagnose.hang import hung_text
+from container_entry.common.stopping import StopSignal
+from container_entry.diagnose.failure import hung_words
 from container_entry.supervise.ending import (
     Ending,
-    Kind,
+    EndingKind,
     Observed,
     Seen,
-    decide,
+    ending_of,
     stop_cut_a_script,
     verdict,
 )
@@ -29,26 +30,35 @@ def record(**fields) -> RankRecord:
 
 FAILURE = record(returncode=1, ended_at=5.0)
 PEER = RankRecord(host="algo-2", rank=3, returncode=1)
-HANG = RankRecord(host=None, rank=None, returncode=ExitCode.HUNG, what=hung_text(60, 2))
+HANG = RankRecord(host=None, rank=None, returncode=ExitCode.HUNG, what=hung_words(60, 2))
 STOP_WORDS = "job stopped by SIGINT on algo-2 (StopTrainingJob, Spot interruption or docker stop)"
 PEER_STOP = RankRecord(
-    host="algo-2", rank=None, returncode=130, what=STOP_WORDS, stop_signal="SIGINT", failed_at=50.0
+    host="algo-2",
+    rank=None,
+    returncode=130,
+    what=STOP_WORDS,
+    stop=StopSignal("SIGINT", 50.0),
+    failed_at=50.0,
 )
 # what one look can show, each alone: the fields of Seen that make each ending
 SHOWS = {
-    Kind.STOPPED: {"stop_signal": "SIGTERM"},
-    Kind.FAILED: {"failures": (FAILURE,)},
-    Kind.LOST_MASTER: {"lost_master": "algo-1"},
-    Kind.HUNG: {"idle": 61.0, "hang_timeout": 60.0},
-    Kind.PEER_FAILED: {"relayed": PEER},
-    Kind.PEER_STOPPED: {"relayed": PEER_STOP},
+    EndingKind.STOPPED: {"stop": StopSignal("SIGTERM", 1.0)},
+    EndingKind.FAILED: {"failures": (FAILURE,)},
+    EndingKind.LOST_MASTER: {"lost_master": "algo-1"},
+    EndingKind.HUNG: {"idle": 61.0, "hang_timeout": 60.0},
+    EndingKind.PEER_FAILED: {"relayed": PEER},
+    EndingKind.PEER_STOPPED: {"relayed": PEER_STOP},
 }
-RELAYED = {Kind.HUNG, Kind.PEER_FAILED, Kind.PEER_STOPPED}  # the master's one word, or own hang
+RELAYED = {
+    EndingKind.HUNG,
+    EndingKind.PEER_FAILED,
+    EndingKind.PEER_STOPPED,
+}  # the master's one word, or own hang
 
 
 @pytest.mark.parametrize("kind", list(SHOWS))
 def test_each_ending_alone(kind):
-    assert decide(Seen(**SHOWS[kind])).kind is kind
+    assert ending_of(Seen(**SHOWS[kind])).kind is kind
 
 
 # every pair but two of the master's words: its hang verdict, another host's failure and
@@ -58,69 +68,73 @@ PAIRS = [pair for pair in itertools.combinations(SHOWS, 2) if not set(pair) <= R
 
 @pytest.mark.parametrize(("first", "second"), PAIRS)
 def test_of_two_at_one_look_the_one_declared_first_wins(first, second):
-    assert decide(Seen(**SHOWS[first], **SHOWS[second])).kind is first
+    assert ending_of(Seen(**SHOWS[first], **SHOWS[second])).kind is first
 
 
 def test_the_order_is_written_once_in_the_type():
-    assert list(Kind)[:6] == list(SHOWS)
+    assert list(EndingKind)[:6] == list(SHOWS)
 
 
 def test_the_master_s_word_is_a_hang_or_a_peer_s_failure_or_its_stop():
-    assert decide(Seen(relayed=HANG)) == Ending(Kind.HUNG, HANG)
-    assert decide(Seen(relayed=PEER)) == Ending(Kind.PEER_FAILED, PEER)
-    assert decide(Seen(relayed=PEER_STOP)) == Ending(Kind.PEER_STOPPED, PEER_STOP)
+    assert ending_of(Seen(relayed=HANG)) == Ending(EndingKind.HUNG, HANG)
+    assert ending_of(Seen(relayed=PEER)) == Ending(EndingKind.PEER_FAILED, PEER)
+    assert ending_of(Seen(relayed=PEER_STOP)) == Ending(EndingKind.PEER_STOPPED, PEER_STOP)
     # a rank's record with a stop its wrapper saw is no host's stop
-    ranks_stop = RankRecord(host="algo-2", rank=1, returncode=1, stop_signal="SIGTERM")
-    assert decide(Seen(relayed=ranks_stop)).kind is Kind.PEER_FAILED
+    ranks_stop = RankRecord(host="algo-2", rank=1, returncode=1, stop=StopSignal("SIGTERM", 9.0))
+    assert ending_of(Seen(relayed=ranks_stop)).kind is EndingKind.PEER_FAILED
 
 
 @pytest.mark.parametrize(("name", "code"), [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
 def test_another_host_s_stop_is_this_host_s_stop_naming_that_host(tmp_path, name, code):
     """This host's ranks got the other host's signal: the exit code is that stop's, the first
     line names the stopped host first and then says how this host's ranks ended."""
-    stop = RankRecord(host="algo-2", rank=None, returncode=code, what=STOP_WORDS, stop_signal=name)
-    ranks = {r: record(rank=r, local_rank=r, stop_signal=name, ended_at=101.5) for r in (0, 1)}
+    came = StopSignal(name, 100.0)
+    stop = RankRecord(host="algo-2", rank=None, returncode=code, what=STOP_WORDS, stop=came)
+    ranks = {r: record(rank=r, local_rank=r, stop=came, ended_at=101.5) for r in (0, 1)}
     run = stopped_run(name, launched={0, 1}, results=ranks)
-    result = verdict(Ending(Kind.PEER_STOPPED, stop), run, "algo-1", RunDir(tmp_path))
+    result = verdict(Ending(EndingKind.PEER_STOPPED, stop), run, "algo-1", RunDir(tmp_path))
     assert result.exit_code == code
     assert result.reason == f"{STOP_WORDS}; on algo-1: all 2 local ranks exited within 1.5 s"
     # its word came before this host launched anything: that stop's code all the same
-    before = verdict(Ending(Kind.PEER_STOPPED, stop), Observed(), "algo-1", RunDir(tmp_path))
+    before = verdict(Ending(EndingKind.PEER_STOPPED, stop), Observed(), "algo-1", RunDir(tmp_path))
     assert before.exit_code == code
     assert before.reason == f"{STOP_WORDS}; on algo-1: the stop came before any rank started"
     # every script here had ended before its word came: a finished job, as for a stop here
     done = {r: record(rank=r, script_ended_at=99.0, ended_at=99.5) for r in (0, 1)}
     run = stopped_run(name, launched={0, 1}, results=done)
-    assert verdict(Ending(Kind.PEER_STOPPED, stop), run, "algo-1", RunDir(tmp_path)).exit_code == 0
+    assert (
+        verdict(Ending(EndingKind.PEER_STOPPED, stop), run, "algo-1", RunDir(tmp_path)).exit_code
+        == 0
+    )
 
 
 def test_nothing_yet_while_torchrun_runs_then_how_it_exited():
-    assert decide(Seen()) is None
-    assert decide(Seen(exited=True, returncode=0)).kind is Kind.SUCCEEDED
-    assert decide(Seen(exited=True, returncode=1)).kind is Kind.TORCHRUN_FAILED
+    assert ending_of(Seen()) is None
+    assert ending_of(Seen(exited=True, returncode=0)).kind is EndingKind.SUCCEEDED
+    assert ending_of(Seen(exited=True, returncode=1)).kind is EndingKind.TORCHRUN_FAILED
 
 
 def test_with_restarts_a_failure_waits_for_torchrun_unless_it_would_repeat():
-    assert decide(Seen(failures=(FAILURE,), restarts=2)) is None
-    assert decide(Seen(failures=(FAILURE,), restarts=2, exited=True)).kind is Kind.FAILED
+    assert ending_of(Seen(failures=(FAILURE,), restarts=2)) is None
+    assert ending_of(Seen(failures=(FAILURE,), restarts=2, exited=True)).kind is EndingKind.FAILED
     syntax = record(returncode=1, exception={"type": "SyntaxError", "message": "x"})
-    assert decide(Seen(failures=(syntax,), restarts=2)).kind is Kind.FAILED
+    assert ending_of(Seen(failures=(syntax,), restarts=2)).kind is EndingKind.FAILED
 
 
 def test_the_first_of_several_local_failures_by_end_time():
     late, early = record(rank=1, returncode=1, ended_at=9.0), record(returncode=2, ended_at=3.0)
-    assert decide(Seen(failures=(late, early))).record is early
+    assert ending_of(Seen(failures=(late, early))).record is early
 
 
 def test_the_hang_of_one_host_names_it():
-    ending = decide(Seen(idle=10.0, hang_timeout=5.0, host="algo-1"))
-    assert ending.kind is Kind.HUNG and ending.record.what == hung_text(5.0)
-    assert decide(Seen(idle=4.0, hang_timeout=5.0)) is None
-    assert decide(Seen(idle=100.0, hang_timeout=0.0)) is None  # off
+    ending = ending_of(Seen(idle=10.0, hang_timeout=5.0, host="algo-1"))
+    assert ending.kind is EndingKind.HUNG and ending.record.what == hung_words(5.0)
+    assert ending_of(Seen(idle=4.0, hang_timeout=5.0)) is None
+    assert ending_of(Seen(idle=100.0, hang_timeout=0.0)) is None  # off
 
 
 def test_a_lost_master_is_its_own_line_not_another_host_s_failure(tmp_path):
-    ending = decide(Seen(lost_master="algo-1"))
+    ending = ending_of(Seen(lost_master="algo-1"))
     result = verdict(ending, Observed(), "algo-2", RunDir(tmp_path))
     assert result.exit_code == ExitCode.FAILED
     assert result.reason.startswith("lost contact with the master host algo-1")
@@ -128,10 +142,8 @@ def test_a_lost_master_is_its_own_line_not_another_host_s_failure(tmp_path):
 
 def test_a_stop_after_every_rank_exited_0_is_a_success(tmp_path):
     done = {r: record(rank=r, ended_at=99.0) for r in (0, 1)}
-    run = Observed(
-        stop_signal="SIGTERM", stop_at=100.0, returncode=1, launched={0, 1}, results=done
-    )
-    assert verdict(Ending(Kind.STOPPED), run, "algo-1", RunDir(tmp_path)).exit_code == 0
+    run = Observed(stop=StopSignal("SIGTERM", 100.0), returncode=1, launched={0, 1}, results=done)
+    assert verdict(Ending(EndingKind.STOPPED), run, "algo-1", RunDir(tmp_path)).exit_code == 0
 
 
 # (each rank's status, when its script ended, when its record was written; whether the stop at
@@ -160,10 +172,11 @@ def test_a_stop_after_every_script_ended_with_status_0_is_a_success(tmp_path, ra
 
 
 def stopped_run(signal_name: str = "SIGTERM", **fields) -> Observed:
-    return Observed(stop_signal=signal_name, stop_at=100.0, grace=100.0, returncode=0, **fields)
+    stop = StopSignal(signal_name, 100.0) if signal_name else None
+    return Observed(stop=stop, grace=100.0, returncode=0, **fields)
 
 
-STOPPED = Ending(Kind.STOPPED)
+STOPPED = Ending(EndingKind.STOPPED)
 
 
 def test_a_stop_before_any_rank_started_says_so_not_0_of_0(tmp_path):
@@ -178,7 +191,7 @@ def test_a_stop_before_any_rank_started_says_so_not_0_of_0(tmp_path):
 @pytest.mark.parametrize(("name", "code"), [("SIGINT", 130), ("SIGTERM", 143), ("SIGHUP", 129)])
 def test_a_stopped_job_exits_128_plus_its_signal(tmp_path, name, code):
     ranks = {
-        rank: record(rank=rank, local_rank=rank, stop_signal=name, ended_at=101.5)
+        rank: record(rank=rank, local_rank=rank, stop=StopSignal(name, 100.0), ended_at=101.5)
         for rank in (0, 1)
     }
     run = stopped_run(name, launched={0, 1}, results=ranks)
@@ -219,7 +232,7 @@ def test_a_rank_killed_by_a_real_time_signal_is_named_and_exits_128_plus_n(tmp_p
     number = int(signal.SIGRTMIN) + 2
     failed = record(returncode=-number, signal="SIGRTMIN+2")
     run = Observed(returncode=1, results={0: failed}, launched={0})
-    result = verdict(Ending(Kind.FAILED, failed), run, "algo-1", RunDir(tmp_path))
+    result = verdict(Ending(EndingKind.FAILED, failed), run, "algo-1", RunDir(tmp_path))
     assert result.exit_code == 128 + number
     assert result.reason.startswith("rank 0 (local 0) on algo-1: signal SIGRTMIN+2 [first")
 
@@ -232,11 +245,11 @@ def test_the_failure_file_starts_with_the_verdict_then_where_each_rank_was(tmp_p
         '  File "/opt/ml/code/train.py", line 8 in stuck\n'
         '  File "/opt/ml/code/train.py", line 12 in <module>\n'
     )
-    what = hung_text(600, hosts=2)
+    what = hung_words(600, hosts=2)
     hung = RankRecord(host=None, rank=None, returncode=ExitCode.HUNG, what=what)
     run = Observed()
     run.results[1] = RankRecord(host="algo-2", rank=1, returncode=-15, signal="SIGTERM")
-    result = verdict(Ending(Kind.HUNG, hung), run, "algo-2", RunDir(tmp_path))
+    result = verdict(Ending(EndingKind.HUNG, hung), run, "algo-2", RunDir(tmp_path))
     assert result.exit_code == 124
     assert result.reason == "hung: no output from any rank on any host for 600 s"
     assert result.details[0].startswith("  rank 1 was at train.py:8 in stuck")
@@ -248,12 +261,15 @@ def test_a_collective_timeout_s_culprit_comes_first_then_the_first_failure(tmp_p
     )
     culprit = "rank 3 on algo-2 never entered all_reduce #5 of the default group"
     result = verdict(
-        Ending(Kind.PEER_FAILED, failed, culprit=culprit), Observed(), "algo-2", RunDir(tmp_path)
+        Ending(EndingKind.PEER_FAILED, failed, culprit=culprit),
+        Observed(),
+        "algo-2",
+        RunDir(tmp_path),
     )
     assert result.reason == (
         f"collective timed out: {culprit}; rank 0 on algo-1: exit code 1: timed out [first failure]"
     )
-    plain = verdict(Ending(Kind.PEER_FAILED, failed), Observed(), "algo-2", RunDir(tmp_path))
+    plain = verdict(Ending(EndingKind.PEER_FAILED, failed), Observed(), "algo-2", RunDir(tmp_path))
     assert plain.reason == "rank 0 on algo-1: exit code 1: timed out [first failure]"
 
 

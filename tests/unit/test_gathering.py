@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from container_entry.diagnose.culprit import Call, Rank
+from container_entry.diagnose.culprit import Call, RankCalls
 from container_entry.hosts import Coordinator, Member
-from container_entry.hosts.gathering import Gathering, fitted, from_wire, to_wire
+from container_entry.hosts.gathering import Gathering, fitted_ranks, from_wire, to_wire
 from container_entry.hosts.wire import LINE_LIMIT, Invalid, encode
 from tests.unit.test_coordination import FAST, free_port, join_all
 
@@ -23,8 +23,8 @@ def calls(last: int, pending: bool, op: str = "all_reduce") -> list[Call]:
     return [*done, Call("0", last, op, ((4096,),), ("float32",), not pending, 1e9 + last)]
 
 
-def rank(number: int, host: str, last: int, pending: bool, where: str | None = None) -> Rank:
-    return Rank(number, host, calls(last, pending), {"0": ("default_pg", (0, 1, 2, 3))}, where)
+def rank(number: int, host: str, last: int, pending: bool, where: str | None = None) -> RankCalls:
+    return RankCalls(number, host, calls(last, pending), {"0": ("default_pg", (0, 1, 2, 3))}, where)
 
 
 def test_the_master_names_the_culprit_on_every_host_from_every_host_s_records():
@@ -86,12 +86,12 @@ def test_a_host_that_never_sends_does_not_hold_the_verdict_past_the_wait():
 
 def test_records_cross_the_wire_unchanged_and_fit_the_master_s_line():
     many = [
-        Rank(r, "algo-1", [Call(str(g), s, "all_reduce", ((1 << 20, 8),), ("bfloat16",), True,
+        RankCalls(r, "algo-1", [Call(str(g), s, "all_reduce", ((1 << 20, 8),), ("bfloat16",), True,
                                 1.7e9) for g in range(8) for s in range(200)],
              {str(g): (f"tp{g}", tuple(range(64))) for g in range(8)}, "train.py:1 in <module>")
         for r in range(8)
     ]  # fmt: skip
-    wire = fitted(many)
+    wire = fitted_ranks(many)
     assert len(encode({"type": "records", "ranks": wire})) <= LINE_LIMIT
     back = from_wire(json.loads(json.dumps(wire)), "algo-2")
     assert [r.rank for r in back] == list(range(8)) and back[0].host == "algo-2"

@@ -20,12 +20,12 @@ from container_entry.common.exits import ExitCode
 from container_entry.common.layout import RunDir
 from container_entry.common.records import RankRecord
 from container_entry.common.workers import childless
+from container_entry.diagnose.failure import hung_words
 from container_entry.diagnose.hang import (
     AUTO_FLOOR,
     PROGRESS_ENV,
     Activity,
     Silence,
-    hung_text,
     is_hang,
     report_progress,
 )
@@ -233,7 +233,7 @@ def test_a_set_timeout_is_fixed_whatever_the_job_came_back_from_and_zero_is_off(
 def test_only_the_watchdog_s_own_record_is_a_hang():
     assert not is_hang(RankRecord(host="algo-1", rank=0, returncode=124, what="hung: no"))
     assert not is_hang(RankRecord(host=None, rank=None, returncode=1, what="hung: x"))
-    assert is_hang(RankRecord(host=None, rank=None, returncode=124, what=hung_text(5)))
+    assert is_hang(RankRecord(host=None, rank=None, returncode=124, what=hung_words(5)))
 
 
 def test_importing_the_module_has_no_side_effects(tmp_path):

@@ -88,3 +88,64 @@ def test_a_full_write_that_names_no_file_is_shared_memory_only_when_shm_is_docke
     assert hint(record(returncode=1, stderr_tail=[named])) is None  # another disk, named
     monkeypatch.setattr(failure, "read_shm_bytes", lambda path="/dev/shm": 8 << 30)
     assert hint(record(returncode=1, stderr_tail=[text])) is None  # a large shm: not it
+
+
+def our_lines(tmp_path) -> list[str]:
+    """Every line the bootstrap prints into a rank's own output (so into its stderr tail and
+    its log): the preflight's, the rank wrapper's, the script's exit teardown (sitecustomize),
+    in the texts they are made of here, with the words a hint looks for."""
+    import os
+
+    from container_entry.common import shm
+    from container_entry.common.logs import PREFIX
+    from container_entry.rank import preflight_checks
+
+    small = shm.warning(64 << 20)
+    assert small is not None
+    real_statvfs = os.statvfs
+    os.statvfs = lambda path: type("S", (), {"f_frsize": 4096, "f_blocks": 16384})()  # type: ignore
+    try:
+        warning = preflight_checks.shm_line("algo-1")
+    finally:
+        os.statvfs = real_statvfs
+    assert warning is not None and small in warning
+    return [
+        warning,
+        f"{PREFIX} preflight ok on algo-1: 2 workers, 0 GPUs, all_reduce latency 0.3 ms",
+        f"{PREFIX} preflight's NCCL: {NCCL_SHM}",
+        f"{PREFIX} preflight's NCCL: {WATCHDOG}",
+        f"{PREFIX} rank log /opt/ml/output/data/container-entry/logs/rank-1.log stopped at "
+        "1,024 bytes: No space left on device; the console still has every line",
+        f"{PREFIX} console (stdout) stopped: Broken pipe; the rank log still has every line",
+        f"{PREFIX} ending the process groups at exit: RuntimeError: Connection closed by peer",
+        f"{PREFIX} the process groups' teardown at exit took over 10 s; exiting without it",
+    ]
+
+
+# each hint's signature: a failure whose own words carry it, and its advice's first words
+SIGNATURES = {
+    "shm": (SHM, "shared memory"),
+    "watchdog": (WATCHDOG, "a collective timed out"),
+    "cuda-oom": ("torch.OutOfMemoryError: CUDA out of memory.", "GPU out of memory"),
+    "segfault": ("Segmentation fault (core dumped)", "crashed in native code"),
+}
+
+
+def test_no_line_of_ours_is_ever_taken_for_a_hint(tmp_path):
+    """A script that fails of a SyntaxError on a host whose /dev/shm is small (docker's 64 MiB:
+    the preflight warns, in the rank's own output, with "No space left on device" and
+    "/dev/shm") gets no hint: the hint reads what the script printed, never our lines."""
+    mine = our_lines(tmp_path)
+    for line in mine:
+        failed = record(
+            tmp_path,
+            [line, "SyntaxError: invalid syntax (probe.py, line 18)"],
+            returncode=1,
+            exception={"type": "SyntaxError", "message": "invalid syntax (probe.py, line 18)"},
+            stderr_tail=[line, "SyntaxError: invalid syntax (probe.py, line 18)"],
+            last_words="SyntaxError: invalid syntax (probe.py, line 18)",
+        )
+        assert hint(failed) is None, line
+    for name, (words, advice) in SIGNATURES.items():  # the same words from the script do count
+        failed = record(tmp_path, [*mine, words], returncode=1, stderr_tail=[*mine, words])
+        assert (hint(failed) or "").startswith(advice), name

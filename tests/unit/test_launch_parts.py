@@ -1,4 +1,4 @@
-"""The launch's pieces that decide what the workers get and what is left on disk (layout,
+"""The launch's pieces that ending_of what the workers get and what is left on disk (layout,
 torchrun_process, torchrun_output, workers), each on real files and pipes; the whole supervise
 loop runs on real torchrun in tests/integration."""
 
@@ -24,7 +24,7 @@ from container_entry.common.workers import Workers, catches
 from container_entry.diagnose.hang import PROGRESS_ENV
 from container_entry.plan.plan import build_plan
 from container_entry.rank.preflight import EXPECTED_GPUS_ENV
-from container_entry.supervise.ending import Ending, Kind, Observed, verdict
+from container_entry.supervise.ending import Ending, EndingKind, Observed, verdict
 from container_entry.supervise.torchrun_output import TorchrunOutput
 from container_entry.supervise.torchrun_process import child_environment
 from tests.unit.conftest import make_env
@@ -164,7 +164,9 @@ def test_torch_s_own_cpp_lines_reach_the_torchrun_failure_report():
         "[W1203 10:00:00.000 socket.cpp:200] [c10d] The client socket has timed out",
         "[E1203 10:00:01.000 TCPStore.cpp:100] [c10d] connect() to algo-1:29500 failed",
     ]
-    result = verdict(Ending(Kind.TORCHRUN_FAILED), run, "algo-2", RunDir(Path("/nonexistent")))
+    result = verdict(
+        Ending(EndingKind.TORCHRUN_FAILED), run, "algo-2", RunDir(Path("/nonexistent"))
+    )
     assert result.exit_code == 1
     assert "[E1203 10:00:01.000 TCPStore.cpp:100] [c10d] connect() to algo-1" in result.reason
     assert "usage" not in result.reason
@@ -174,7 +176,9 @@ def test_torchrun_rejecting_our_command_line_is_an_internal_error_naming_the_tor
     run = Observed(torch_version="2.9.0+cu128")
     run.returncode = 2
     run.torchrun_tail = USAGE.splitlines()
-    result = verdict(Ending(Kind.TORCHRUN_FAILED), run, "algo-2", RunDir(Path("/nonexistent")))
+    result = verdict(
+        Ending(EndingKind.TORCHRUN_FAILED), run, "algo-2", RunDir(Path("/nonexistent"))
+    )
     assert result.exit_code == ExitCode.INTERNAL
     assert result.reason == (
         "internal error: torchrun (torch 2.9.0+cu128) on algo-2 rejected the command line "
@@ -385,14 +389,15 @@ def test_a_stop_that_comes_as_torchrun_exits_is_judged_by_its_moment(tmp_path, f
     exit 143, for a job whose every script had ended with 0): a success when every script ended
     before it, a stopped job when one was still running. A real process stands in for torchrun
     (it exits at once); the rank's record is the wrapper's."""
-    from container_entry.common.stopping import Stop
+    from container_entry.common.stopping import Stop, StopSignal
+    from container_entry.hosts.session import Session
     from container_entry.supervise.supervisor import Supervisor
 
     plan = build_plan(make_env(environ={"SAGEMAKER_PROGRAM": "train.py"}))
     run_dir = RunDir(tmp_path / "run")
     run_dir.prepare()
     stop = Stop()
-    supervisor = Supervisor(plan, {}, run_dir, None, stop)
+    supervisor = Supervisor(plan, {}, run_dir, Session(plan, b""), stop)  # one host: no channel
     signalled = time.time()
     ended = signalled - 1.0 if finished else signalled + 0.5
     record = {"host": "algo-1", "rank": 0, "returncode": 0, "script_ended_at": ended}
@@ -402,15 +407,15 @@ def test_a_stop_that_comes_as_torchrun_exits_is_judged_by_its_moment(tmp_path, f
 
     def stopped_as_torchrun_exits(*args) -> None:
         clean_up(*args)
-        stop.signal, stop.at = "SIGTERM", signalled  # what Stop's handler notes
+        stop.came = StopSignal("SIGTERM", signalled)  # what Stop's handler notes
 
     supervisor.clean_up = stopped_as_torchrun_exits  # type: ignore[method-assign]
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
     with subprocess.Popen([sys.executable, "-c", "pass"], **pipes) as process:
         ending = supervisor.monitor(process)
     result = verdict(ending, supervisor.observed, "algo-1", run_dir)
-    assert ending.kind is Kind.STOPPED
-    assert (supervisor.observed.stop_signal, supervisor.observed.stop_at) == ("SIGTERM", signalled)
+    assert ending.kind is EndingKind.STOPPED
+    assert supervisor.observed.stop == StopSignal("SIGTERM", signalled)
     if finished:
         assert result.exit_code == 0, result.reason
     else:

@@ -561,9 +561,12 @@ HOSTILE = {
 @pytest.mark.parametrize("files", HOSTILE.values(), ids=HOSTILE.keys())
 def test_hostile_input_gets_an_answer_not_an_exception_and_soon(files):
     entry = next(iter(files))
-    started = time.perf_counter()
+    # its own CPU time (not the wall clock, which a loaded machine stretches), far from what
+    # the slowest of these takes on a busy 2-CPU machine (0.4 s): the bound rules out work
+    # that grows with the input unchecked (a quadratic walk, an unbounded expansion)
+    started = time.thread_time()
     finding = find_launcher(entry, files)
-    assert time.perf_counter() - started < 1.0
+    assert time.thread_time() - started < 5.0
     assert finding is None or isinstance(finding, Finding)
     assert finding is None or isinstance(finding.describe(), str)
 

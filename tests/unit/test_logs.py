@@ -26,4 +26,4 @@ def test_a_registered_secret_never_appears_in_a_line_or_a_redacted_text(capsys):
     logs.log("token hf_abcdefghijkl rejected\nagain: hf_abcdefghijkl")
     err = capsys.readouterr().err
     assert "hf_abcdefghijkl" not in err and err.count("****") == 2
-    assert logs.redact("x=hf_abcdefghijkl") == "x=****"
+    assert logs.masked_text("x=hf_abcdefghijkl") == "x=****"

@@ -81,7 +81,7 @@ def test_watchdog_reports_from_the_store_and_exits(capsys, monkeypatch):
     progress.store, progress.world, progress.stage = store, 2, "join"
     codes = []
     progress.watch(exit=codes.append).join(timeout=60)
-    assert codes == [3]  # a peer never joined (README exit codes)
+    assert codes == [3]  # a peer never joined (docs/failure-stop-logs.md, exit codes)
     err = capsys.readouterr().err
     assert "Traceback (most recent call last):" in err  # the worker parses it as the exception
     # the worker takes the last line for the exception: the class by its own name
@@ -205,8 +205,8 @@ def test_the_preflight_warns_about_a_small_dev_shm(monkeypatch, size, warned):
     if not warned:
         assert line is None
     else:  # the plan's warning (container_entry.common.shm), on each host
-        assert line == f"preflight warning on algo-2: {shm.warning(size)}"
-        assert line.startswith("preflight warning on algo-2: /dev/shm is 64 MiB")
+        assert line == f"[container-entry] preflight warning on algo-2: {shm.warning(size)}"
+        assert line.startswith("[container-entry] preflight warning on algo-2: /dev/shm is 64 MiB")
         assert "--shm-size=1g (or more) or --ipc=host" in line
 
 
@@ -229,7 +229,7 @@ def test_progress_marks_each_stage_once_in_order():
 
 def test_exit_codes_are_the_containers():
     """A GPU check fails as this host's GPUs (4), the deadline as a peer that never joined (3),
-    any other check 1: the README's exit codes, from exits.ExitCode."""
+    any other check 1: docs/failure-stop-logs.md's exit codes, from exits.ExitCode."""
     assert fail("gpu-count", "h", "x").exit_code == ExitCode.DEVICE == 4
     assert fail("gpu-matmul", "h", "x").exit_code == ExitCode.DEVICE
     assert fail("deadline", "h", "x").exit_code == ExitCode.NETWORK == 3

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from container_entry.common.records import Command, RankRecord, WorkerPids, read_json, write_json
+from container_entry.common.stopping import StopSignal
 
 
 def test_a_record_survives_json_and_the_relay_keeps_only_what_names_the_failure(tmp_path):
@@ -128,32 +129,28 @@ def test_a_pid_file_round_trips_and_a_foreign_one_reads_as_nothing(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("returncode", "stop_signal", "failed_at", "stop_requested_at", "own"),
+    ("returncode", "stop", "failed_at", "own"),
     [
-        (0, None, None, None, False),  # no failure
-        (0, "SIGTERM", 5.0, 9.0, False),
-        (3, None, None, None, True),  # no stop: its own
-        (1, None, 5.0, None, True),
-        (3, "SIGTERM", 5.0, 9.0, True),  # its exit began before the stop reached it
-        (1, "SIGTERM", 8.999, 9.0, True),
-        (1, "SIGTERM", 9.0, 9.0, False),  # a traceback the stop caused (KeyboardInterrupt)
-        (1, "SIGINT", 9.5, 9.0, False),
-        (-15, "SIGTERM", None, 9.0, False),  # ended by the stop, nothing began before it
-        (-15, "SIGTERM", 5.0, 9.0, False),  # began first, but the stop ended its exit: no
-        (-9, "SIGTERM", 5.0, 9.0, False),  # status of its own (a peer names the failure)
-        (3, "SIGTERM", 5.0, None, False),  # a stop of unknown time: not provably before
+        (0, None, None, False),  # no failure
+        (0, ("SIGTERM", 9.0), 5.0, False),
+        (3, None, None, True),  # no stop: its own
+        (1, None, 5.0, True),
+        (3, ("SIGTERM", 9.0), 5.0, True),  # its exit began before the stop reached it
+        (1, ("SIGTERM", 9.0), 8.999, True),
+        (1, ("SIGTERM", 9.0), 9.0, False),  # a traceback the stop caused (KeyboardInterrupt)
+        (1, ("SIGINT", 9.0), 9.5, False),
+        (-15, ("SIGTERM", 9.0), None, False),  # ended by the stop, nothing began before it
+        (-15, ("SIGTERM", 9.0), 5.0, False),  # began first, but the stop ended its exit: no
+        (-9, ("SIGTERM", 9.0), 5.0, False),  # status of its own (a peer names the failure)
     ],
 )
-def test_a_failure_is_a_rank_s_own_unless_a_stop_reached_it_first(
-    returncode, stop_signal, failed_at, stop_requested_at, own
-):
+def test_a_failure_is_a_rank_s_own_unless_a_stop_reached_it_first(returncode, stop, failed_at, own):
     record = RankRecord(
         host="algo-1",
         rank=1,
         returncode=returncode,
-        stop_signal=stop_signal,
+        stop=StopSignal(*stop) if stop else None,
         failed_at=failed_at,
-        stop_requested_at=stop_requested_at,
         ended_at=20.0,
     )
     assert record.failed_on_its_own is own

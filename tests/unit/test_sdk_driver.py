@@ -1,7 +1,7 @@
 """SDK v3's own start (`ModelTrainer(source_code=...)`): when container-entry takes it over.
 
 The shapes below are our own minimal descriptions of what sagemaker-train 1.0-1.27 leaves in
-its `sm_drivers` channel (read from its source, not copied): the lines `decide` relies on.
+its `sm_drivers` channel (read from its source, not copied): the lines `judge` relies on.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from container_entry.common.errors import ConfigError
 from container_entry.plan import sdk_driver
 from container_entry.plan.plan import build_plan
-from container_entry.plan.sdk_driver import DriverFiles, SdkJob, Verdict, decide
+from container_entry.plan.sdk_driver import DriverFiles, Handling, SdkJob, judge
 from tests.unit.conftest import NVIDIA_SMI_4, make_env
 
 BASE = Path("/opt/ml")
@@ -48,15 +48,15 @@ def files(driver: str = BASIC, source=SOURCE, distributed=None, **changes) -> Dr
 
 # (name, shell argv, files, opted out, verdict, a phrase of the line printed)
 CASES = [
-    ("plain entry_script", SHELL, files(), False, Verdict.TAKE_OVER, "one worker per GPU"),
-    ("bash named bash", ("bash", "-c", START), files(), False, Verdict.TAKE_OVER, "launcher"),
-    ("trailing newline", ("/bin/bash", "-c", START + "\n"), files(), False, Verdict.TAKE_OVER, ""),
+    ("plain entry_script", SHELL, files(), False, Handling.TAKE_OVER, "one worker per GPU"),
+    ("bash named bash", ("bash", "-c", START), files(), False, Handling.TAKE_OVER, "launcher"),
+    ("trailing newline", ("/bin/bash", "-c", START + "\n"), files(), False, Handling.TAKE_OVER, ""),
     (
         "torchrun N",
         SHELL,
         files(TORCHRUN, distributed={"process_count_per_node": 2, "smp": None}),
         False,
-        Verdict.TAKE_OVER,
+        Handling.TAKE_OVER,
         "Torchrun(process_count_per_node=2)",
     ),
     (
@@ -64,30 +64,30 @@ CASES = [
         SHELL,
         files(TORCHRUN, distributed={"process_count_per_node": None, "smp": None}),
         False,
-        Verdict.TAKE_OVER,
+        Handling.TAKE_OVER,
         "one worker per GPU",
     ),
-    ("opted out", SHELL, files(), True, Verdict.SDK, "CONTAINER_ENTRY_SDK_DRIVER=sdk"),
-    ("command= (1.2x)", SHELL, files(COMMAND_NEW), False, Verdict.SDK, "command="),
-    ("command= (1.0)", SHELL, files(COMMAND_OLD), False, Verdict.SDK, "command="),
+    ("opted out", SHELL, files(), True, Handling.SDK, "CONTAINER_ENTRY_SDK_DRIVER=sdk"),
+    ("command= (1.2x)", SHELL, files(COMMAND_NEW), False, Handling.SDK, "command="),
+    ("command= (1.0)", SHELL, files(COMMAND_OLD), False, Handling.SDK, "command="),
     (
         "MPI",
         SHELL,
         files(MPI, distributed={"process_count_per_node": 2, "mpi_additional_options": []}),
         False,
-        Verdict.SDK,
+        Handling.SDK,
         "MPI",
     ),
     # not the layout this release knows: the SDK's start runs, and the line says why
-    ("any shell's name", ("/bin/sh", "-c", START), files(), False, Verdict.TAKE_OVER, ""),
-    ("login shell", ("/bin/bash", "-lc", START), files(), False, Verdict.UNRECOGNISED, "started"),
-    ("extra argument", (*SHELL, "x"), files(), False, Verdict.UNRECOGNISED, "started as"),
+    ("any shell's name", ("/bin/sh", "-c", START), files(), False, Handling.TAKE_OVER, ""),
+    ("login shell", ("/bin/bash", "-lc", START), files(), False, Handling.UNRECOGNISED, "started"),
+    ("extra argument", (*SHELL, "x"), files(), False, Handling.UNRECOGNISED, "started as"),
     (
         "other path",
         ("/bin/bash", "-c", START.replace("sm_drivers", "sm_drivers_v4")),
         files(),
         False,
-        Verdict.UNRECOGNISED,
+        Handling.UNRECOGNISED,
         "shell command",
     ),
     (
@@ -95,16 +95,16 @@ CASES = [
         ("/bin/bash", "-c", "cat /opt/ml/input/data/sm_drivers/sm_train.sh"),
         files(),
         False,
-        Verdict.UNRECOGNISED,
+        Handling.UNRECOGNISED,
         "shell command",
     ),
-    ("no sm_train.sh", SHELL, files(train_script=None), False, Verdict.UNRECOGNISED, "missing"),
+    ("no sm_train.sh", SHELL, files(train_script=None), False, Handling.UNRECOGNISED, "missing"),
     (
         "no environment.py",
         SHELL,
         files(environment_script=False),
         False,
-        Verdict.UNRECOGNISED,
+        Handling.UNRECOGNISED,
         "environment.py is missing",
     ),
     (
@@ -112,7 +112,7 @@ CASES = [
         SHELL,
         files(train_script="#!/bin/bash\n" + BASIC),
         False,
-        Verdict.UNRECOGNISED,
+        Handling.UNRECOGNISED,
         "environment",
     ),
     (
@@ -120,19 +120,19 @@ CASES = [
         SHELL,
         files("python3 /opt/ml/input/data/sm_drivers/distributed_drivers/ray_driver.py\n"),
         False,
-        Verdict.UNRECOGNISED,
+        Handling.UNRECOGNISED,
         "no driver",
     ),
-    ("two drivers", SHELL, files(BASIC + TORCHRUN), False, Verdict.UNRECOGNISED, "several"),
-    ("no sourcecode.json", SHELL, files(source_code=None), False, Verdict.UNRECOGNISED, "missing"),
-    ("malformed sourcecode", SHELL, files(source="{"), False, Verdict.UNRECOGNISED, "JSON object"),
-    ("sourcecode a list", SHELL, files(source="[]"), False, Verdict.UNRECOGNISED, "JSON object"),
+    ("two drivers", SHELL, files(BASIC + TORCHRUN), False, Handling.UNRECOGNISED, "several"),
+    ("no sourcecode.json", SHELL, files(source_code=None), False, Handling.UNRECOGNISED, "missing"),
+    ("malformed sourcecode", SHELL, files(source="{"), False, Handling.UNRECOGNISED, "JSON object"),
+    ("sourcecode a list", SHELL, files(source="[]"), False, Handling.UNRECOGNISED, "JSON object"),
     (
         "no entry_script",
         SHELL,
         files(source={**SOURCE, "entry_script": None}),
         False,
-        Verdict.UNRECOGNISED,
+        Handling.UNRECOGNISED,
         "no entry_script",
     ),
     (
@@ -140,7 +140,7 @@ CASES = [
         SHELL,
         files(source={**SOURCE, "entry_script": " "}),
         False,
-        Verdict.UNRECOGNISED,
+        Handling.UNRECOGNISED,
         "no entry_script",
     ),
     (
@@ -148,7 +148,7 @@ CASES = [
         SHELL,
         files(source={**SOURCE, "entry_script": 7}),
         False,
-        Verdict.UNRECOGNISED,
+        Handling.UNRECOGNISED,
         "no entry_script",
     ),
     (
@@ -156,7 +156,7 @@ CASES = [
         SHELL,
         files(source={**SOURCE, "requirements": ["a"]}),
         False,
-        Verdict.UNRECOGNISED,
+        Handling.UNRECOGNISED,
         "requirements",
     ),
     (
@@ -164,7 +164,7 @@ CASES = [
         SHELL,
         replace(files(), distributed=None),
         False,
-        Verdict.UNRECOGNISED,
+        Handling.UNRECOGNISED,
         "distributed.json",
     ),
     (
@@ -172,7 +172,7 @@ CASES = [
         SHELL,
         files(distributed={"process_count_per_node": 2}),
         False,
-        Verdict.UNRECOGNISED,
+        Handling.UNRECOGNISED,
         "not empty",
     ),
     *[
@@ -181,7 +181,7 @@ CASES = [
             SHELL,
             files(TORCHRUN, distributed={"process_count_per_node": count}),
             False,
-            Verdict.UNRECOGNISED,
+            Handling.UNRECOGNISED,
             "positive integer",
         )
         for count in (0, -1, "2", 2.5, True)
@@ -195,17 +195,17 @@ CASES = [
     ids=[case[0] for case in CASES],
 )
 def test_when_container_entry_takes_the_sdk_start_over(shell, found, opted, verdict, phrase):
-    decision = decide(shell, found, BASE, opted_out=opted)
+    decision = judge(shell, found, BASE, opted_out=opted)
     assert decision.verdict is verdict, decision.why
     assert phrase in decision.why
     assert "\n" not in decision.why  # one line at the job's start
-    assert (decision.job is not None) == (verdict is Verdict.TAKE_OVER)
-    if verdict is Verdict.UNRECOGNISED:
+    assert (decision.job is not None) == (verdict is Handling.TAKE_OVER)
+    if verdict is Handling.UNRECOGNISED:
         assert "the SDK's own start runs" in decision.why
 
 
 def test_the_job_taken_over_is_what_the_sdk_would_run():
-    job = decide(
+    job = judge(
         SHELL,
         files(
             TORCHRUN,
@@ -227,14 +227,14 @@ def test_the_job_taken_over_is_what_the_sdk_would_run():
         distributed="torchrun",
         installer="/opt/ml/input/data/sm_drivers/scripts/install_requirements.py",
     )
-    older = decide(SHELL, files(installer=False, source={"entry_script": "t.sh"}), BASE).job
+    older = judge(SHELL, files(installer=False, source={"entry_script": "t.sh"}), BASE).job
     assert older is not None
     assert (older.installer, older.source_dir, older.archive) == (None, False, None)
 
 
 def test_names_in_the_line_are_escaped():
     shell = ("/bin/bash", "-c", "echo sm_drivers \x1b[31m\udcff")
-    why = decide(shell, files(), BASE).why
+    why = judge(shell, files(), BASE).why
     assert "\x1b" not in why and "\udcff" not in why
     why.encode("utf-8")
 

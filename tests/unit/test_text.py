@@ -22,6 +22,7 @@ from container_entry.common.exits import (
 from container_entry.common.records import read_json, write_json
 from container_entry.common.text import encoded, escaped, printable, quoted
 from container_entry.diagnose.failure import describe_exit
+from container_entry.supervise.ending import Verdict
 from container_entry.supervise.outcome import Outcome
 
 # a name holding each: a byte that is not UTF-8 (os.fsdecode's surrogateescape), each control
@@ -54,7 +55,8 @@ def test_every_odd_name_is_one_line_of_valid_utf8_in_every_writer(tmp_path, name
     printable(name).encode("utf-8")
 
     outcome = Outcome(tmp_path)
-    outcome.failure(f"entry script {quoted(name)} not found", [f"  raw {name}"], {"why": name})
+    failed = Verdict(2, f"entry script {quoted(name)} not found", [f"  raw {name}"])
+    outcome.write(failed, {"why": name})
     failure = (tmp_path / "output" / "failure").read_bytes().decode("utf-8")
     assert failure.startswith(f"entry script {quoted(name)} not found\n")
     record = json.loads(outcome.record_path.read_bytes().decode("utf-8"))

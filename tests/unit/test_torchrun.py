@@ -52,7 +52,7 @@ def test_the_command_ends_with_our_worker_module_and_nothing_of_the_user_s():
 
 def topology(hosts, current, coordinated=True) -> Topology:
     return Topology(
-        source="sagemaker",
+        source="sagemaker" if coordinated else "torchrun-env",
         hosts=tuple(hosts),
         current_host=current,
         node_rank=list(hosts).index(current),

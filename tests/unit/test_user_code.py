@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from container_entry.common.errors import CodeError
-from container_entry.plan.code_source import Kind
+from container_entry.plan.code_source import CodeKind
 from container_entry.supervise import user_code
 
 
@@ -120,7 +120,7 @@ def test_a_missing_entry_script_is_one_line_whatever_else_the_folder_holds(tmp_p
             pass
     program = os.fsdecode(b"tr\xe9in.py")
     plan = SimpleNamespace(
-        code=SimpleNamespace(kind=Kind.DIRECTORY, code_dir=str(code), location=str(code)),
+        code=SimpleNamespace(kind=CodeKind.DIRECTORY, code_dir=str(code), location=str(code)),
         command=[str(code / program)],
         program=program,
     )

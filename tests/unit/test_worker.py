@@ -11,7 +11,7 @@ import pytest
 
 from container_entry.common.layout import ControlDir
 from container_entry.common.programs import SITE_DIR
-from container_entry.common.stopping import STOP_SIGNALS
+from container_entry.common.stopping import STOP_SIGNALS, StopSignal
 from container_entry.diagnose import flight_recorder
 from container_entry.rank import wrapper
 from container_entry.rank.signals import RankStop as Stop
@@ -45,13 +45,19 @@ def test_a_signal_is_noted_once_with_its_time(handlers):
     assert (stop.name, stop.at, stop.signum) == ("SIGHUP", first, signal.SIGHUP)
 
 
-def test_the_stop_file_is_a_sigterm_for_a_wrapper_torchrun_starts_after_the_stop(tmp_path):
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP"])
+def test_the_stop_file_is_the_stop_that_came_for_a_wrapper_torchrun_starts_after_it(tmp_path, name):
+    """The bootstrap writes the stop, as it came, before it signals any worker: a wrapper that
+    torchrun starts after it records that signal and moment, never one assumed."""
     control, stop = ControlDir(tmp_path), Stop()
     assert not stop.requested(control)
-    control.stop.write_text("SIGINT")
-    assert stop.requested(control) and stop.name == "SIGTERM" and stop.at is not None
-    signalled = Stop(name="SIGINT", at=1.0)
-    assert signalled.requested(control) and signalled.name == "SIGINT"
+    control.stop.write_text(StopSignal(name, 7.5).text())
+    assert stop.requested(control) and stop.came == StopSignal(name, 7.5)
+    signalled = Stop(StopSignal("SIGHUP", 1.0))  # its own signal, noted first, stays
+    assert signalled.requested(control) and signalled.came == StopSignal("SIGHUP", 1.0)
+    control.stop.write_text("not a stop")  # nothing of ours writes it: a stop all the same
+    unread = Stop()
+    assert unread.requested(control) and unread.name == "SIGTERM" and unread.at is not None
 
 
 def test_the_site_hook_reads_the_variables_the_wrapper_sets():
