@@ -200,10 +200,11 @@ def _on_hosts(ranks: Sequence[RankCalls]) -> str:
 
 
 def group_name(name: str, desc: str) -> str:
-    """'the default group', 'group tensor_parallel': a process group as a verdict names it."""
+    """'the default group', 'group tensor_parallel', 'group 2': a process group as a verdict
+    names it (torch describes a group made without `group_desc` as "undefined")."""
     if name == "0" or desc == "default_pg":
         return "the default group"
-    return f"group {desc or name}"
+    return f"group {name if desc in ('', 'undefined') else desc}"
 
 
 def _clock(seconds: float | None) -> str:

@@ -55,6 +55,7 @@ __all__ = [
     "merge",
     "on_master_clock",
     "shift",
+    "shown",
     "summarize",
     "verdict",
 ]
@@ -320,3 +321,30 @@ def _ms(seconds: float) -> str:
 def cost(table: Table) -> float:
     """The share of the others' time lost to the worst straggler of any group (0 when none)."""
     return max((r.waited for g in table.groups for r in (*g.ranks, *g.hosts)), default=0.0)
+
+
+def shown(table: Table) -> list[str]:
+    """The table as `container-entry stragglers` prints it: per group, every rank and host row,
+    the most waited-for first."""
+    out = []
+    for group in table.groups:
+        out.append(
+            f"{group_name(group.name, group.desc)}: {group.members} ranks, "
+            f"{group.collectives} collectives lined up over {group.seconds:.1f} s "
+            f"(entry times from the {'GPU' if group.basis == 'gpu' else 'CPU'})"
+        )
+        if group.missing:
+            out.append(f"  no records from rank(s) {ranges(group.missing)}")
+        for row in sorted((*group.hosts, *group.ranks), key=lambda r: -r.waited):
+            who = (
+                f"host {row.host} ({ranges(row.ranks)})"
+                if row.local_rank is None
+                else f"rank {row.ranks[0]} (local {row.local_rank}"
+                + ("" if row.gpu is None else f", GPU {row.gpu}")
+                + f") on {row.host}"
+            )
+            out.append(
+                f"  {who}: last on {row.last:.0%}, behind the first {_ms(row.lag_median)} "
+                f"(p90 {_ms(row.lag_p90)}), the others waited {row.waited:.0%} of their time"
+            )
+    return out

@@ -137,6 +137,13 @@ class Settings:
         "`auto`: multi-host jobs, max(30 min, 3 x the longest silence the job came back from), "
         "once every host printed",
     )
+    straggler_interval: float = _setting(
+        180.0,
+        _seconds_or_off,
+        "seconds between samples of every rank's collective records, from which the master "
+        "names a rank or host that is consistently the last to arrive (the first sample one "
+        "interval after the start); `0`: off; see docs/stragglers.md",
+    )
     console_ranks: str = _setting(
         "all", console_ranks, "ranks whose lines reach stdout: `all` or e.g. `0`"
     )
