@@ -162,6 +162,9 @@ class StragglerWatch:
         """The master: every rank's newest collectives lined up; a change of straggler said."""
         for summary in arrived:
             self.held[summary.rank] = merge(self.held.get(summary.rank), summary)
+            for sent in summary.groups:  # made anew (a restart): counted from 1 again
+                if sent.seqs and sent.seqs[-1] < self.through.get(sent.name, 0):
+                    self.through[sent.name] = 0
         table = analyse(list(self.held.values()), after=self.through)
         for group in table.groups:
             if not group.ranks:  # too few new collectives lined up: nothing to say yet
