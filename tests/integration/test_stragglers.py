@@ -9,8 +9,16 @@ line saying the detection is off, and STRAGGLER_INTERVAL=0 turns it off."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
-from tests.integration.conftest import REPO, Drained, make_tree, with_hosts_file
+from tests.integration.conftest import (
+    REPO,
+    Drained,
+    make_tree,
+    wait_for,
+    with_hosts_file,
+)
 from tests.integration.test_faults import start
 from tests.ports import job_port
 
@@ -89,13 +97,22 @@ def test_a_balanced_job_gets_no_line_though_its_collectives_were_lined_up(tmp_pa
     assert group["collectives"] >= 20 and len(group["ranks"]) == 2, group
 
 
-def test_the_name_follows_the_slowness_when_it_moves(tmp_path):
-    _, err = _one_host(tmp_path, {"slow": 0, "then": 1, "steps": 200, "delay": 0.08})
+def test_the_name_follows_the_slowness_when_it_moves_and_the_command_prints_it(tmp_path):
+    tree = make_tree(tmp_path, script=None)
+    job = _start(tree, {"slow": 0, "then": 1, "steps": 200, "delay": 0.08})
+    table = tree.base / TABLE
+    assert wait_for(table.exists, 120), job.text()[-3000:]
+    command = [sys.executable, "-m", "container_entry", "stragglers"]
+    shown = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False)
+    returncode, err = job.finish(timeout=240)
+    assert returncode == 0, err[-3000:]
     lines = _lines(err)
-    first = next(
-        i for i, line in enumerate(lines) if line.startswith("[container-entry] straggler: rank 0 ")
-    )
+    first = next(i for i, line in enumerate(lines) if "] straggler: rank 0 " in line)
     assert any("straggler: rank 1 " in line for line in lines[first + 1 :]), lines
+    # inside the running job: the master's last table (every running launch here is listed)
+    assert shown.returncode == 0 and "sampled " in shown.stdout, shown
+    assert f"({table})" in shown.stdout and "the default group: 2 ranks" in shown.stdout, shown
+    assert "  rank 0 (local 0) on algo-1: last on " in shown.stdout, shown.stdout
 
 
 def test_two_subgroups_are_reported_each_on_its_own(tmp_path, hosts_file):
