@@ -168,7 +168,7 @@ bench-threads: venv ## CPU HF Trainer steps/s: OMP_NUM_THREADS default vs torchr
 	$(PYTHON) -m scripts.bench.threads $(ARGS)
 
 # The system python3: a bare GPU host has torch, NCCL and transformers but no .venv and no docker.
-gpu-check: ## on a GPU host, no docker: plan, DDP+preflight, HF, crash, OOM, hang, stop, benchmark; one verdict line each (ARGS=--only ... --markdown FILE ...)
+gpu-check: ## on a GPU host, no docker: plan, DDP+preflight, HF, crash, OOM, hang, stop, flight-recorder fields, benchmark; one verdict line each (ARGS=--only ... --markdown FILE ...)
 	python3 -m scripts.gpu.check $(ARGS)
 
 clean: ## remove build outputs and the venvs (images and ~/.cache/container-entry are kept)

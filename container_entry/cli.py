@@ -32,11 +32,12 @@ if TYPE_CHECKING:
 SDK_COMMAND = "sagemaker-sdk"  # what docker/sdk-hook.bash runs
 
 USAGE = """usage: container-entry [train [SCRIPT [ARGS...]] | plan [SCRIPT [ARGS...]]
-                       | stacks | sagemaker-sdk ... | CMD...]
+                       | stacks | stragglers | sagemaker-sdk ... | CMD...]
 
   train   resolve the plan, fetch code, launch one DDP worker per GPU via torchrun (default)
   plan    print the launch plan as JSON and exit, launching nothing (exit 2 with `problems`)
   stacks  inside a running container: every local rank's Python stacks, nothing stopped
+  stragglers  inside a running container (the master host): the last straggler table
   sagemaker-sdk  SageMaker SDK v3's own start (ModelTrainer with source_code), handed over by
           the image's bash hook: our launcher runs its entry script
   CMD     anything else runs unchanged (bash, python -c ..., ...)
@@ -203,6 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from container_entry.diagnose.stacks import print_live_stacks
 
         return print_live_stacks()
+    if args[0] == "stragglers":
+        from container_entry.supervise.straggler_watch import print_table
+
+        return print_table()
     if args[0] in ("-h", "--help", "help"):
         print(usage(), end="")
         return ExitCode.SUCCESS

@@ -48,6 +48,11 @@ class RunDir:
         return self.path / "failure.json"
 
     @property
+    def stragglers(self) -> Path:
+        """The master's last straggler table (supervise/straggler_watch.py)."""
+        return self.path / "stragglers.json"
+
+    @property
     def progress(self) -> Path:
         """Touched by a script that works quietly (hang.report_progress)."""
         return self.path / "progress"
@@ -96,6 +101,7 @@ class RunDir:
             (self.dumps, "rank-*.json"),
             (self.dumps, "exit-rank-*.json"),
             (self.path, "nccl_trace_rank_*"),
+            (self.path, "stragglers.json"),
         ):
             for stale in folder.glob(pattern):
                 stale.unlink(missing_ok=True)

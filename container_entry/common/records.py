@@ -229,6 +229,7 @@ class WorkerPids:
     wrapper: int
     child: int
     host: str = ""
+    local_rank: int = 0
 
     def write(self, path: Path) -> None:
         write_json(path, dataclasses.asdict(self))
@@ -244,6 +245,7 @@ class WorkerPids:
                 wrapper=int(data["wrapper"]),
                 child=int(data["child"]),
                 host=str(data.get("host", "")),
+                local_rank=int(data.get("local_rank", 0)),
             )
         except (TypeError, KeyError, ValueError):
             return None

@@ -49,7 +49,11 @@ class Call:
     shapes: tuple[tuple[int, ...], ...] = ()
     dtypes: tuple[str, ...] = ()
     done: bool = False
-    created: float | None = None  # epoch seconds
+    created: float | None = None  # epoch seconds: when the rank's CPU entered it (every backend)
+    # seconds from the rank's GPU reaching it to its end (NCCL's duration_ms: only with
+    # TORCH_NCCL_ENABLE_TIMING, once the watchdog retired it): docs/stragglers.md
+    duration: float | None = None
+    group_desc: str = ""  # the group's description ("default_pg", "tensor_parallel")
 
     @property
     def signature(self) -> str:
@@ -149,17 +153,27 @@ def _call(entry: Any) -> Call | None:
         shapes = tuple(tuple(int(d) for d in shape) for shape in entry.get("input_sizes") or ())
         dtypes = tuple(_DTYPES.get(str(d), str(d)) for d in entry.get("input_dtypes") or ())
         created = entry.get("time_created_ns")
+        duration = entry.get("duration_ms")
     except (KeyError, TypeError, ValueError):
         return None
     return Call(
         group=str(group[0]),
+        group_desc=str(group[1]) if len(group) > 1 and group[1] else "",
         seq=seq,
         op=op,
         shapes=shapes,
         dtypes=dtypes,
         done=bool(entry.get("retired")) or entry.get("state") == "completed",
         created=created / 1e9 if isinstance(created, int | float) and created else None,
+        duration=_seconds(duration),
     )
+
+
+def _seconds(milliseconds: Any) -> float | None:
+    """NCCL's duration_ms in seconds; None where the record has none (or not a number)."""
+    if isinstance(milliseconds, bool) or not isinstance(milliseconds, int | float):
+        return None
+    return milliseconds / 1e3 if milliseconds >= 0 else None
 
 
 def ranges(ranks: Iterable[int]) -> str:
@@ -185,10 +199,12 @@ def _on_hosts(ranks: Sequence[RankCalls]) -> str:
     return " and ".join(f"{ranges(numbers)} on {host}" for host, numbers in by_host.items())
 
 
-def _group_name(name: str, desc: str) -> str:
+def group_name(name: str, desc: str) -> str:
+    """'the default group', 'group tensor_parallel', 'group 2': a process group as a verdict
+    names it (torch describes a group made without `group_desc` as "undefined")."""
     if name == "0" or desc == "default_pg":
         return "the default group"
-    return f"group {desc or name}"
+    return f"group {name if desc in ('', 'undefined') else desc}"
 
 
 def _clock(seconds: float | None) -> str:
@@ -232,7 +248,7 @@ def _desync(ranks: Sequence[RankCalls], name: str) -> str | None:
 
 def _describe(ranks: Sequence[RankCalls], name: str) -> str:
     desc = next((r.groups[name][0] for r in ranks if name in r.groups), "")
-    return _group_name(name, desc)
+    return group_name(name, desc)
 
 
 def _missing(ranks: Sequence[RankCalls], name: str) -> str | None:

@@ -36,7 +36,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _launches(root: Path) -> list[tuple[ControlDir, RunDir]]:
+def launches(root: Path = CONTROL_ROOT) -> list[tuple[ControlDir, RunDir]]:
     """(control folder, run folder) of every launch whose bootstrap is still running."""
     found = []
     for pid, control in ControlDir.live(root):
@@ -50,11 +50,11 @@ def _launches(root: Path) -> list[tuple[ControlDir, RunDir]]:
 
 
 def print_live_stacks(root: Path = CONTROL_ROOT) -> int:
-    launches = _launches(root)
-    if not launches:
+    found = launches(root)
+    if not found:
         print("container-entry stacks: no running job in this container", file=sys.stderr)
         return ExitCode.FAILED
-    for control, run_dir in launches:
+    for control, run_dir in found:
         _print_launch(Workers(control), run_dir)
     return ExitCode.SUCCESS
 

@@ -10,10 +10,12 @@ import selectors
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from container_entry.common.logs import log
 from container_entry.common.records import RankRecord
+from container_entry.diagnose.arrivals import RankArrivals, shift
 from container_entry.hosts import admission
 from container_entry.hosts.decision import SETTLE_SECONDS, Change, FirstFailure
 from container_entry.hosts.gathering import Gathering
@@ -42,6 +44,8 @@ from container_entry.hosts.quota import Quota
 from container_entry.hosts.roster import Roster
 from container_entry.hosts.schema import Relayed, fitted_record
 from container_entry.hosts.wire import Invalid, MessageKind, encode, parse
+
+MAX_HELD_ARRIVALS = 8192  # ranks' summaries held between two of the watch's takes
 
 
 class Coordinator:
@@ -87,6 +91,9 @@ class Coordinator:
             address_wait=address_wait,
         )
         self._posted: list[Relayed] = []  # failures the master's own threads posted
+        # every host's straggler summaries, on the master's clock, until its watch takes them
+        self._arrivals: list[RankArrivals] = []
+        self._arrivals_lock = threading.Lock()
         self._closing = False
         self.thread = threading.Thread(target=self._loop, daemon=True, name="coordinator")
         self.thread.start()
@@ -251,6 +258,21 @@ class Coordinator:
                 rank.host = peer.host or "?"  # a host speaks for itself only
             self.gathering.offer(peer.host or "?", message["ranks"], time.monotonic())
             self._culprit_if_due()
+        elif message["type"] == MessageKind.ARRIVALS:
+            self.offer_arrivals(message["ranks"], peer.host or "?", peer.skew or 0.0)
+
+    def offer_arrivals(self, ranks: Sequence[RankArrivals], host: str, offset: float) -> None:
+        """A host's summaries (a host speaks for itself only), put on the master's clock with
+        the offset its heartbeats measured; at most MAX_HELD_ARRIVALS wait for the watch."""
+        moved = [shift(replace(r, host=host), offset) for r in ranks]
+        with self._arrivals_lock:
+            self._arrivals = [*self._arrivals, *moved][-MAX_HELD_ARRIVALS:]
+
+    def take_arrivals(self) -> list[RankArrivals]:
+        """What the hosts sent since the last call (the master's straggler watch)."""
+        with self._arrivals_lock:
+            taken, self._arrivals = self._arrivals, []
+        return taken
 
     def _admitted(self, peer: Peer) -> None:
         """A host joined (its welcome sent): tell it of a failure already decided, or tell

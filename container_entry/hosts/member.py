@@ -17,6 +17,7 @@ from typing import Any
 from container_entry.common.errors import NetworkError
 from container_entry.common.logs import log
 from container_entry.common.records import RankRecord
+from container_entry.diagnose.arrivals import RankArrivals
 from container_entry.diagnose.culprit import RankCalls
 from container_entry.diagnose.failure import relayed_words
 from container_entry.hosts.gathering import CULPRIT_WAIT, fitted_ranks
@@ -329,6 +330,10 @@ class Member:
     def post_records(self, ranks: Sequence[RankCalls]) -> None:
         """This host's ranks' collective records, for the master's culprit (gathering.py)."""
         self._send({"type": MessageKind.RECORDS, "ranks": fitted_ranks(ranks)})  # as on the wire
+
+    def post_arrivals(self, ranks: Sequence[RankArrivals]) -> None:
+        """This host's ranks' straggler summaries (diagnose/arrivals.py), bounded to fit a line."""
+        self._send({"type": MessageKind.ARRIVALS, "ranks": [r.to_json() for r in ranks]})
 
     def hang_culprit(self, timeout: float = CULPRIT_WAIT) -> str | None:
         """The culprit as the master found it in every host's records; None: it named no one,

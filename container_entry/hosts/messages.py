@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
 
+from container_entry.diagnose.arrivals import RankArrivals
 from container_entry.diagnose.culprit import RankCalls
 from container_entry.hosts.gathering import from_wire
 from container_entry.hosts.schema import (
@@ -23,6 +24,7 @@ from container_entry.hosts.wire import Invalid, MessageKind
 
 WAITING_NAMES = 16  # host names a master's heartbeat lists while the join is incomplete
 REASON_CAP = 200  # characters of a refusal's reason
+MAX_ARRIVAL_RANKS = 512  # ranks in one host's `arrivals`
 
 
 class Hello(TypedDict):
@@ -97,12 +99,17 @@ class Records(TypedDict):
     ranks: list[RankCalls]  # checked by gathering.from_wire; its host is the sender's
 
 
+class ArrivalsMessage(TypedDict):
+    type: Literal[MessageKind.ARRIVALS]
+    ranks: list[RankArrivals]  # checked by RankArrivals.from_json; its host is the sender's
+
+
 class Culprit(TypedDict):
     type: Literal[MessageKind.CULPRIT]
     what: str | None  # the culprit in words; None: the records name no one
 
 
-ToMaster = Join | MemberBeat | Failed | Settled | Done | Records
+ToMaster = Join | MemberBeat | Failed | Settled | Done | Records | ArrivalsMessage
 ToMember = Hello | Welcome | Refused | Start | Abort | First | MasterBeat | Culprit
 
 
@@ -136,6 +143,9 @@ def to_master(message: dict[str, Any]) -> ToMaster:
     if kind == MessageKind.RECORDS:
         fields(message, ("ranks",))
         return Records(type=MessageKind.RECORDS, ranks=from_wire(message["ranks"], "?"))
+    if kind == MessageKind.ARRIVALS:
+        fields(message, ("ranks",))
+        return ArrivalsMessage(type=MessageKind.ARRIVALS, ranks=_arrivals(message["ranks"]))
     raise Invalid(f"unknown message type {str(kind)[:40]!r}")
 
 
@@ -176,6 +186,15 @@ def to_member(message: dict[str, Any]) -> ToMember:
         fields(message, ("what",))
         return Culprit(type=MessageKind.CULPRIT, what=text(message["what"], "culprit", TEXT_CAP))
     raise Invalid(f"unknown message type {str(kind)[:40]!r}")
+
+
+def _arrivals(value: Any) -> list[RankArrivals]:
+    if not isinstance(value, list) or len(value) > MAX_ARRIVAL_RANKS:
+        raise Invalid(f"arrivals is not a list of at most {MAX_ARRIVAL_RANKS} ranks")
+    try:
+        return [RankArrivals.from_json(item) for item in value]
+    except ValueError as error:
+        raise Invalid(str(error)[:200]) from None
 
 
 def _machines(value: Any) -> dict[str, list[int]]:

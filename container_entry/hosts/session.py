@@ -18,6 +18,7 @@ from container_entry.common.exits import ExitCode
 from container_entry.common.logs import log
 from container_entry.common.records import RankRecord
 from container_entry.common.stopping import StopSignal
+from container_entry.diagnose.arrivals import RankArrivals
 from container_entry.diagnose.culprit import RankCalls
 from container_entry.hosts import network
 from container_entry.hosts.keys import job_key
@@ -205,6 +206,20 @@ class Session:
             return None
         self.member.post_records(ranks)
         return self.member.hang_culprit()
+
+    def post_arrivals(self, ranks: Sequence[RankArrivals]) -> None:
+        """This host's ranks' straggler summaries to the master (a member that is not it)."""
+        if self.member and not self.member.lost_master:
+            self.member.post_arrivals(ranks)
+
+    def take_arrivals(self) -> list[RankArrivals]:
+        """The master: every other host's summaries since the last call, on its clock."""
+        return self.coordinator.take_arrivals() if self.coordinator else []
+
+    @property
+    def analyses(self) -> bool:
+        """This host lines every host's records up: the master, or the only host."""
+        return self.member is None or self.coordinator is not None
 
     def hang_culprit(self) -> str | None:
         """The culprit the master named from every host's records."""

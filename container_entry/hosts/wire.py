@@ -34,6 +34,8 @@ class MessageKind(enum.StrEnum):
     DONE = "done"  # member -> master: this host finished
     RECORDS = "records"  # member -> master: after a hang, its ranks' collective records
     CULPRIT = "culprit"  # master -> every host: the hang's culprit, from every host's records
+    ARRIVALS = "arrivals"  # member -> master, every straggler interval: its ranks' collective
+    # entry times (diagnose/arrivals.py)
 
 
 class Invalid(ValueError):

@@ -47,6 +47,17 @@ def _seconds_or_off(value: str) -> float:
     return number
 
 
+MIN_STRAGGLER_INTERVAL = 1.0  # a sample asks every rank for a dump: never a busy loop of them
+
+
+def _interval(value: str) -> float:
+    """STRAGGLER_INTERVAL: 0 (off) or at least MIN_STRAGGLER_INTERVAL seconds."""
+    number = _seconds_or_off(value)
+    if 0 < number < MIN_STRAGGLER_INTERVAL:
+        raise ValueError(f"must be 0 (off) or at least {MIN_STRAGGLER_INTERVAL:g} second")
+    return number
+
+
 def _seconds_off_or_auto(value: str) -> float | None:
     """HANG_TIMEOUT: `auto` (None: decided from the job's own output, hang.Silence) or seconds."""
     if value.strip().lower() == "auto":
@@ -136,6 +147,13 @@ class Settings:
         "the job is declared hung: stacks recorded, every host stopped, exit 124; `0`: off; "
         "`auto`: multi-host jobs, max(30 min, 3 x the longest silence the job came back from), "
         "once every host printed",
+    )
+    straggler_interval: float = _setting(
+        180.0,
+        _interval,
+        "seconds between samples of every rank's collective records, from which the master "
+        "names a rank or host that is consistently the last to arrive (the first sample one "
+        "interval after the start); `0`: off; see docs/stragglers.md",
     )
     console_ranks: str = _setting(
         "all", console_ranks, "ranks whose lines reach stdout: `all` or e.g. `0`"

@@ -256,7 +256,8 @@ class Wrapper:
         ]
         pids = self.control.pid_file(self.rank)
         try:
-            WorkerPids(self.rank, os.getpid(), child.pid, self.host).write(pids)
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            WorkerPids(self.rank, os.getpid(), child.pid, self.host, local).write(pids)
         except OSError as error:  # the launcher still finds this rank as torchrun's child
             self.say(f"pid file {escaped(str(pids))} not written: {error.strerror or error}")
         assert child.stdout is not None and child.stderr is not None

@@ -56,6 +56,7 @@ from container_entry.supervise.ending import (
     verdict,
 )
 from container_entry.supervise.prestart import Prestarted
+from container_entry.supervise.straggler_watch import FR_SIZES, StragglerWatch, off_because
 from container_entry.supervise.teardown import Hanging, Stopping, Teardown, Winding
 from container_entry.supervise.torchrun_output import TorchrunOutput
 from container_entry.supervise.torchrun_process import child_environment, script_environment
@@ -90,6 +91,7 @@ class Supervisor:
         # with restarts torchrun retries a failed group itself: only its final exit is a failure
         self.observed = Observed(torch_version=plan.torch_version, restarts=plan.max_restarts)
         self.activity: Activity | None = None
+        self.watch: StragglerWatch | None = None
         self.ending: Ending | None = None
         self._stamps: tuple[int, ...] = ()  # the two folders' change times at the last scan
         self._scanned = 0.0
@@ -98,6 +100,8 @@ class Supervisor:
         """The run, to its end: this host's final ending, the job's first failure agreed across
         hosts included (agreement.py), and the verdict it becomes."""
         ending = self.before_launch() or self.monitor(self.launch())
+        if self.watch is not None:
+            self.watch.finish()
         host, restarts = self.plan.topology.current_host, self.plan.max_restarts
         ending = agreed(ending, self.observed, self.session, host, self.run_dir, restarts)
         return ending, verdict(ending, self.observed, host, self.run_dir)
@@ -133,12 +137,34 @@ class Supervisor:
             )
             # several hosts: the master decides, from every host's idle time
             self.session.report_idle(activity.idle if timeout else activity.idle_since_printing)
+        self.watch = self._straggler_watch()
         env = child_environment(self.plan, self.environ, self.control)
         assert self.prestarted is not None, "the cli starts torchrun before the plan"
         ready = str(self.control.torchrun_ready)
         process = self.prestarted.launch(self.plan.argv, env, self.plan.code.code_dir, ready)
         self.torchrun_pid = process.pid
         return process
+
+    def _straggler_watch(self) -> StragglerWatch | None:
+        """Every multi-rank world of our workers, unless STRAGGLER_INTERVAL is 0; a world the
+        side channel's master is not in has no one to line it up (the job's other worlds)."""
+        plan, interval = self.plan, self.settings.straggler_interval
+        topology = plan.topology
+        if not interval or plan.once or (len(topology.world) < 2 and plan.workers < 2):
+            return None
+        if self.session.coordinated and topology.coordinator not in topology.world:
+            return None
+        why = off_because({name: self._effective(name) for name in FR_SIZES})
+        if why:
+            log(f"straggler detection is off: {why}")
+            return None
+        host = topology.current_host
+        gpus = plan.num_gpus > 0
+        peers = frozenset(topology.world) - {host}
+        where = (self.control, self.run_dir, self.session)
+        watch = StragglerWatch(interval, host, gpus, *where, peers=peers)
+        watch.start()
+        return watch
 
     def torchrun_starting(self) -> bool:
         """torchrun runs and has started no worker yet: its import of torch, its rendezvous,
@@ -223,6 +249,8 @@ class Supervisor:
         if ending is None:
             return None
         self.ending = ending
+        if self.watch is not None:  # no sample's dumps beside the teardown's
+            self.watch.close()
         self.output.quiet = True  # from now on torchrun only acknowledges our signals
         teardown = self.teardown_for(ending, process)
         teardown.start(now)

@@ -26,7 +26,8 @@ from pathlib import Path
 from scripts.gpu.jobs import REPO, Context, Result, base_env, first_interface
 from scripts.gpu.scenarios import SCENARIOS, run_scenario
 
-NEEDS_HOSTS = frozenset(SCENARIOS) - {"plan", "bench"}  # train on algo-1, which must resolve
+# train on algo-1, which must resolve (fr-fields runs one rank of its own on 127.0.0.1)
+NEEDS_HOSTS = frozenset(SCENARIOS) - {"plan", "bench", "fr-fields"}
 HOSTS_LINE = "127.0.0.1 algo-1\n"
 FACTS = """
 import json, torch

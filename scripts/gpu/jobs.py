@@ -46,6 +46,19 @@ class Context:
         return "nccl" if self.device == "cuda" else "gloo"
 
 
+class Failed(Exception):
+    """An expectation that did not hold: the scenario's FAIL reason."""
+
+
+class Skipped(Exception):
+    """The scenario cannot run on this host: its reason."""
+
+
+def expect(condition: object, reason: str) -> None:
+    if not condition:
+        raise Failed(reason)
+
+
 @dataclass
 class Result:
     name: str

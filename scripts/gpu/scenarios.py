@@ -14,14 +14,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from scripts.gpu.fr_fields import check_fr_fields
 from scripts.gpu.jobs import (
     HF_EXAMPLE,
     PROBE,
     REPO,
     Context,
+    Failed,
     Job,
     Result,
+    Skipped,
     alive,
+    expect,
     failure_line,
     job_env,
     kill_all,
@@ -41,19 +45,6 @@ BENCH_TIMEOUT = 900.0
 HANG_TIMEOUT = {"cuda": 15, "cpu": 20}
 # seconds a rank may take past its checkpoint, and the bootstrap past the ranks
 STOP_SLACK = {"cuda": 2.0, "cpu": 10.0}
-
-
-class Failed(Exception):
-    """An expectation that did not hold: the scenario's FAIL reason."""
-
-
-class Skipped(Exception):
-    """The scenario cannot run on this host: its reason."""
-
-
-def expect(condition: object, reason: str) -> None:
-    if not condition:
-        raise Failed(reason)
 
 
 def probe_job(ctx: Context, name: str, mode: str, **env: str) -> tuple[Path, Job]:
@@ -302,6 +293,7 @@ SCENARIOS: dict[str, Callable[[Context], str]] = {
     "oom": check_oom,
     "hang": check_hang,
     "stop": check_stop,
+    "fr-fields": check_fr_fields,
     "bench": check_bench,
 }
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.integration.conftest import REPO, with_hosts_file
 
-SCENARIOS = ("plan", "crash", "oom", "hang", "stop")
+SCENARIOS = ("plan", "crash", "oom", "hang", "stop", "fr-fields")
 CHECKPOINT_SECONDS = 3
 
 
@@ -67,6 +67,11 @@ def test_the_stop_line_gives_the_measured_figures(check):
 def test_the_hang_line_names_the_flight_recorder_entries(check):
     line = scenario_line(check[0].stdout, "hang")
     assert "exit 124" in line and "flight recorder rank 0 entries: generic" in line, line
+
+
+def test_the_fr_fields_line_names_the_fields_gloo_records(check):
+    line = scenario_line(check[0].stdout, "fr-fields")
+    assert "generic: process_group, collective_seq_id, time_created_ns on 40" in line, line
 
 
 def test_exit_code_and_summary_and_markdown_table(check):

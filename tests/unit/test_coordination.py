@@ -1379,7 +1379,7 @@ def test_message_kinds_are_their_wire_strings_and_each_direction_checks_its_own(
     assert encode({"type": MessageKind.HELLO, "version": 1}) == b'{"type": "hello", "version": 1}\n'
     assert {k.value for k in MessageKind} == {
         *("hello", "join", "welcome", "refused", "start", "beat", "failed", "abort", "first"),
-        *("settled", "done", "records", "culprit"),
+        *("settled", "done", "records", "culprit", "arrivals"),
     }
     beat = to_master({"type": "beat", "idle": 3, "time": None})
     assert beat == {"type": "beat", "idle": 3.0, "time": None} and beat["type"] is MessageKind.BEAT
@@ -1387,9 +1387,14 @@ def test_message_kinds_are_their_wire_strings_and_each_direction_checks_its_own(
     for kind in ("hello", "welcome", "start", "abort", "first", "culprit"):
         with pytest.raises(Invalid, match=f"unknown message type '{kind}'"):
             to_master({"type": kind})
-    for kind in ("join", "failed", "settled", "done", "records"):
+    for kind in ("join", "failed", "settled", "done", "records", "arrivals"):
         with pytest.raises(Invalid, match=f"unknown message type '{kind}'"):
             to_member({"type": kind})
+    summary = {"rank": 1, "local": 1, "host": "x", "gpu": None, "groups": []}
+    assert to_master({"type": "arrivals", "ranks": [summary]})["ranks"][0].rank == 1
+    for bad in ([{"rank": "one"}], [[1]], {"rank": 1}, [summary] * 513):
+        with pytest.raises(Invalid, match="arrivals"):
+            to_master({"type": "arrivals", "ranks": bad})
 
 
 def test_the_handshake_halves_agree_only_on_the_same_key():

@@ -86,6 +86,7 @@ def test_workers_are_read_from_their_pid_files_and_signalled_by_group(tmp_path):
                              start_new_session=True)  # fmt: skip
     try:
         record = {"rank": 2, "wrapper": child.pid, "child": child.pid, "host": "algo-1"}
+        record["local_rank"] = 1
         (tmp_path / "rank-2.pid").write_text(json.dumps(record))
         (tmp_path / "rank-9.pid").write_text("{half a record")  # being written: skipped
         workers = Workers(ControlDir(tmp_path))

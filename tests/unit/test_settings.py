@@ -56,6 +56,10 @@ def test_defaults_and_precedence():
         ("PREFLIGHT", "sometimes"),
         ("CONSOLE_RANKS", "0,x"),
         ("CONSOLE_RANKS", ""),
+        ("STRAGGLER_INTERVAL", "0.01"),
+        ("STRAGGLER_INTERVAL", "-5"),
+        ("STRAGGLER_INTERVAL", "nan"),
+        ("STRAGGLER_INTERVAL", ""),
     ],
 )
 def test_bad_values_are_one_line_naming_the_variable(name, raw):
