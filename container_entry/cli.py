@@ -80,7 +80,7 @@ def _internal_error(command: str, error: BaseException) -> int:
 
     from container_entry.common.layout import RunDir
     from container_entry.common.logs import log, masked_text
-    from container_entry.diagnose.failure import internal_words
+    from container_entry.diagnose.failure import internal_words, traceback_line
     from container_entry.plan.environment import base_dir_from
     from container_entry.supervise.ending import Verdict
     from container_entry.supervise.outcome import Outcome
@@ -96,21 +96,20 @@ def _internal_error(command: str, error: BaseException) -> int:
     shown = escaped(str(path))
     log(f"{what} (a defect of container-entry; traceback in {shown})")
     if command == "train":
-        traceback_line = [f"traceback: {shown}"]
-        return Outcome(base_dir_from(environ)).write(
-            Verdict(ExitCode.INTERNAL, what, traceback_line)
-        )
+        verdict = Verdict(ExitCode.INTERNAL, what, [traceback_line(shown)])
+        return Outcome(base_dir_from(environ)).write(verdict)
     return ExitCode.INTERNAL
 
 
 def _stopped(stop: StopRequested) -> int:
     """A stop before train() could take over its own reporting: one line, a failure file."""
+    from container_entry.diagnose.failure import stopped_line
     from container_entry.plan.environment import base_dir_from
     from container_entry.supervise.ending import Verdict
     from container_entry.supervise.outcome import Outcome
 
     print(f"[container-entry] {stop}", file=sys.stderr, flush=True)
-    verdict = Verdict(stop.exit_code, f"StopRequested: {stop}", [])
+    verdict = Verdict(stop.exit_code, stopped_line(str(stop)), [])
     return Outcome(base_dir_from(os.environ)).write(verdict)
 
 

@@ -290,6 +290,24 @@ def error_words(error: BaseException, relayed: bool = False) -> str:
     return str(error) if relayed else f"{type(error).__name__}: {error}"
 
 
+def stopped_line(words: str) -> str:
+    """The first line of a stop that came before our workers ran, or of a start run as it is."""
+    return f"StopRequested: {words}"
+
+
+def unchanged_stop_words(signal: str | None, what: str, waited: float | None) -> str:
+    """A stop of a start run as it is (`what`: SDK v3's start, the base's toolkit): before it
+    ran (`waited` None), or how long it took to end after the signal."""
+    if waited is None:
+        return f"stopped by {signal} before {what} ran"
+    return f"job stopped by {signal}: {what} ended {waited:.1f} s after it"
+
+
+def traceback_line(path: str) -> str:
+    """Where an internal error's traceback is kept (uploaded with the output)."""
+    return f"traceback: {path}"
+
+
 def internal_words(error: BaseException) -> str:
     """A defect of ours, never the user's, named as such."""
     return f"internal error: {type(error).__name__}: {escaped(str(error))}"

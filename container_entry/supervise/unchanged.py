@@ -29,6 +29,7 @@ from container_entry.common.workers import (
     reap_adopted,
     stop_launched,
 )
+from container_entry.diagnose.failure import stopped_line, unchanged_stop_words
 from container_entry.supervise.ending import Verdict
 from container_entry.supervise.outcome import Outcome
 
@@ -58,9 +59,9 @@ def run_unchanged(
     128+N after a stop (`stop`, installed by the caller, never raising here)."""
     stop.workers_started()  # every stop is the child's to answer
     if stop.signal is not None:
-        words = f"stopped by {stop.signal} before {what} ran"
+        words = unchanged_stop_words(stop.signal, what, None)
         log(words)
-        return outcome.write(Verdict(stopped_exit_code(stop.signal), f"StopRequested: {words}", []))
+        return outcome.write(Verdict(stopped_exit_code(stop.signal), stopped_line(words), []))
     signalled: set[int] = set()
     with stop.wakes_on_child_exit():
         child = subprocess.Popen(list(argv), process_group=0, env=dict(environ))
@@ -88,7 +89,7 @@ def run_unchanged(
     stop.after_workers()
     if sent is not None:
         waited = time.monotonic() - sent
-        words = f"job stopped by {stop.signal}: {what} ended {waited:.1f} s after it"
+        words = unchanged_stop_words(stop.signal, what, waited)
         log(words)
-        return outcome.write(Verdict(stopped_exit_code(stop.signal), f"StopRequested: {words}", []))
+        return outcome.write(Verdict(stopped_exit_code(stop.signal), stopped_line(words), []))
     return of_returncode(child.returncode)
