@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import time
 
 import pytest
@@ -182,3 +183,33 @@ def test_a_launcher_function_forms_its_world_once_per_host(tmp_path, hosts_file,
     ranks = sorted(host.ranks(), key=lambda facts: facts["rank"])
     assert [(f["rank"], f["world"], f["sum"]) for f in ranks] == [(0, 2, 2), (1, 2, 2)], ranks
     assert (host.tree.output / "success").exists()
+
+
+# Launchers not installed here (no MPI, no DeepSpeed, no Horovod): a stand-in of each on PATH
+# records its command line where the host's SM_OUTPUT_DATA_DIR says, as the DLC gives it.
+STAND_IN = '#!/bin/sh\nprintf "%s\\n" "$(basename "$0") $*" >> "$SM_OUTPUT_DATA_DIR/calls.txt"\n'
+ENTRY = '#!/bin/bash\nset -e\ncd "$(dirname "$0")"\n{launcher} --num_gpus 2 worker.py --epochs 1\n'
+
+
+@pytest.mark.parametrize("launcher", ["deepspeed", "mpirun", "horovodrun"])
+def test_a_launcher_not_installed_here_runs_once_on_each_host(
+    tmp_path, hosts_file, monkeypatch, launcher
+):
+    """deepspeed, mpirun and horovodrun in a shell entry point, 2 hosts x 2 workers of ours
+    (a 2-GPU instance): each host runs the entry point once, so its launcher is called once
+    per host (never once per worker of ours), and the plan names the line that launches."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / launcher).write_text(STAND_IN)
+    (tools / launcher).chmod(0o755)
+    entry = f"{launcher}.sh"
+    monkeypatch.setitem(SPANS, entry, False)
+    files = {entry: ENTRY.format(launcher=launcher)}
+    path = f"{tools}:{os.path.dirname(sys.executable)}:/usr/bin:/bin"
+    job = start_job(tmp_path, entry, 2, 2, hosts_file, files=files, PATH=path)
+    for host in job:
+        code, err = host.finish()
+        assert code == 0, err[-3000:]
+        assert f"{entry} line 4 runs {launcher}" in err, err[-3000:]
+        calls = (host.tree.output / "data" / "calls.txt").read_text().splitlines()
+        assert calls == [f"{launcher} --num_gpus 2 worker.py --epochs 1"], calls

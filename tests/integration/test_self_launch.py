@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,9 +88,16 @@ class Host:
 
 
 def start_job(
-    tmp_path: Path, entry: str, hosts: int, nproc: int, hosts_file: Path, **extra: str
+    tmp_path: Path,
+    entry: str,
+    hosts: int,
+    nproc: int,
+    hosts_file: Path,
+    files: Mapping[str, str] | None = None,
+    **extra: str,
 ) -> list[Host]:
-    """The job's bootstraps, one per host, the user's scripts in each code folder."""
+    """The job's bootstraps, one per host, the user's scripts (and `files`) in each code
+    folder."""
     names = tuple(f"algo-{i + 1}" for i in range(hosts))
     spans = SPANS[entry]
     shared = str(job_port())
@@ -98,6 +106,8 @@ def start_job(
         tree = make_tree(tmp_path, current_host=name, hosts=names, script=None)
         shutil.rmtree(tree.base / "code")
         shutil.copytree(SCRIPTS, tree.base / "code")
+        for name, text in (files or {}).items():
+            (tree.base / "code" / name).write_text(text)
         settings = {
             "SAGEMAKER_PROGRAM": entry,
             "PET_NPROC_PER_NODE": str(nproc),
