@@ -4,6 +4,7 @@ AWS itself cannot exist in a test) and from a `code` input channel."""
 from __future__ import annotations
 
 import io
+import json
 import shutil
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.conftest import PROBE, bootstrap_argv, bootstrap_env, make_tree, run
+from tests.ports import job_port
 
 
 def sourcedir_tar(extra: dict[str, str] | None = None) -> bytes:
@@ -123,6 +125,53 @@ def test_code_channel_with_sourcedir_and_requirements(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "installing" in result.stderr and "requirements.txt" in result.stderr
     assert tree.summaries("probe-rank-*.json")[0]["world_size"] == 1
+
+
+def self_launching_tar() -> bytes:
+    """The tutorial's mp.spawn entry point and its worker (tests/scripts/self_launch)."""
+    folder = PROBE.parent / "self_launch"
+    return sourcedir_tar({n: (folder / n).read_text() for n in ("tutorial.py", "worker.py")})
+
+
+@pytest.mark.parametrize("source", ["s3", "code channel"])
+def test_an_entry_point_that_launches_is_found_once_its_code_is_here(tmp_path, source, request):
+    """The launch is decided where the code is: after the fetch from S3 or the `code` channel,
+    the tutorial's mp.spawn runs once on this host of 2 workers of ours (its own 2 workers),
+    and the plan names the file and line that launches."""
+    tree = make_tree(tmp_path, script=None)
+    env = bootstrap_env(
+        tree,
+        SAGEMAKER_PROGRAM="tutorial.py",
+        PET_NPROC_PER_NODE="2",
+        NPROC="2",
+        USER_PORT=str(job_port()),
+    )
+    if source == "s3":
+        endpoint = request.getfixturevalue("s3_endpoint")
+        import boto3
+
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+        client.create_bucket(Bucket="jobs")
+        client.put_object(Bucket="jobs", Key="src.tar.gz", Body=self_launching_tar())
+        hps = {"sagemaker_submit_directory": '"s3://jobs/src.tar.gz"'}
+        (tree.base / "input/config/hyperparameters.json").write_text(json.dumps(hps))
+        env.update(AWS_ENDPOINT_URL=endpoint, **AWS)
+    else:
+        channel = tree.base / "input" / "data" / "code"
+        channel.mkdir(parents=True)
+        (channel / "sourcedir.tar.gz").write_bytes(self_launching_tar())
+    result = run(bootstrap_argv(), env, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "the entry point launches its own workers" in result.stderr, result.stderr[-3000:]
+    assert "tutorial.py line 11 runs torch.multiprocessing.spawn" in result.stderr
+    ranks = sorted(s["rank"] for s in tree.summaries("ranks/rank-*.json"))
+    assert ranks == [0, 1], ranks  # its own two workers, once: not a copy per worker of ours
 
 
 def test_tar_member_escaping_the_code_dir_is_refused(tmp_path):
