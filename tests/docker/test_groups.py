@@ -144,6 +144,24 @@ def test_with_the_key_the_other_groups_run_once_and_the_training_group_need_not_
     assert "waiting for the other hosts to finish" in results[2].logs
 
 
+def test_a_failure_in_one_group_is_the_first_failure_of_every_group(image, tmp_path):
+    """The side channel spans the job though the worlds do not: the data group's script
+    (algo-2, a world of its own) fails while the training group (algo-3, algo-1) still works;
+    every host stops with algo-2's failure as the job's first."""
+    job = cluster(image, tmp_path, "data=2,train=120", fail_group='"data"')
+    try:
+        job.start()
+        results = job.wait(timeout=300)
+    finally:
+        job.cleanup()
+    for result in results:
+        assert result.exit_code != 0, result.logs[-2500:]
+        first = (result.tree / "output" / "failure").read_text().splitlines()[0]
+        assert "algo-2" in first and "planted failure in group data" in first, (result.host, first)
+    trained = [r.seconds for r in results if r.host != "algo-2"]
+    assert max(trained) < 100, trained  # stopped, not left to finish their 120 s of work
+
+
 FAKE_MPIRUN = """#!/bin/sh
 # stands in for Open MPI's mpirun: records the command line the toolkit built, then trains
 printf '%s\\n' "$@" > /opt/ml/output/mpirun-argv.txt

@@ -1,7 +1,8 @@
 """A heterogeneous job's script as the AWS guide has it: every host runs it and branches on its
 instance group (SM_CURRENT_INSTANCE_GROUP); the `train` group trains in a DDP world, the `data`
 group does data work. Writes what each process saw (output/data/seen-<rank or once>.json) and
-works for WORK_SECONDS (`<group>=<seconds>,...`) so a test can freeze one group meanwhile."""
+works for WORK_SECONDS (`<group>=<seconds>,...`) so a test can freeze one group meanwhile;
+the hyperparameter `fail_group` makes that group's script raise after its work."""
 
 import json
 import os
@@ -30,6 +31,8 @@ print(f"started {group} on {facts['host']}", flush=True)
 seconds = dict(item.split("=") for item in os.environ.get("WORK_SECONDS", "").split(",") if item)
 for _ in range(int(float(seconds.get(group, "1")) * 10)):
     time.sleep(0.1)
+if os.environ.get("SM_HP_FAIL_GROUP") == group:  # a failure in this group, after its work
+    raise RuntimeError(f"planted failure in group {group} on {facts['host']}")
 name = f"seen-{facts['rank'] if facts['rank'] is not None else 'once'}.json"
 with open(os.path.join(os.environ["SM_OUTPUT_DATA_DIR"], name), "w") as handle:
     json.dump(facts, handle)
