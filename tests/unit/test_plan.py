@@ -340,3 +340,23 @@ def test_hosts_sharing_one_machine_divide_its_cores():
         )
     )
     assert user.sharing_machine(hosts=2, workers=2) is user  # the user's value wins
+
+
+@pytest.mark.parametrize(
+    "flag", ["sagemaker_torch_distributed_enabled", "sagemaker_pytorchddp_enabled"]
+)
+def test_the_processes_per_host_sdk_v2_writes_are_our_workers_per_host(flag):
+    """`distribution={"torch_distributed": {"enabled": True}, ...}` with `processes_per_host`
+    (SDK v2 writes sagemaker_mpi_num_of_processes_per_host): the DLC's toolkit honours it, so do
+    we, over the GPU count; a value that is no positive integer is one line naming it."""
+    hps = {flag: True, "sagemaker_mpi_num_of_processes_per_host": 2}
+    plan = build_plan(make_env(hyperparameters=hps, nvidia_smi=NVIDIA_SMI_4))
+    assert (
+        plan.nproc_per_node == "2"
+        and "sagemaker_mpi_num_of_processes_per_host" in plan.nproc_source
+    )
+    for bad in (0, -1, "two", True, 1.5):
+        with pytest.raises(ConfigError, match=r"sagemaker_mpi_num_of_processes_per_host="):
+            build_plan(
+                make_env(hyperparameters={**hps, "sagemaker_mpi_num_of_processes_per_host": bad})
+            )
