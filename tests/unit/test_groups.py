@@ -169,3 +169,19 @@ def test_groups_that_contradict_themselves_are_one_line(groups, hps, message):
         rc["instance_groups"] = groups
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         resolve_topology(make_env(resource_config=rc, hyperparameters=hps))
+
+
+@pytest.mark.parametrize("layout", ["guide-no-key", "guide-key-train", "three-no-key"])
+def test_sdk_v3s_source_code_start_gets_the_same_worlds(layout):
+    """SDK v3 passes instance groups only in resourceconfig.json (Compute(instance_groups=...)):
+    taking over its `source_code` start changes no host's world, once mode or coordinator."""
+    from tests.unit.test_sdk_driver import JOB, sdk_env
+
+    groups, hps = LAYOUTS[layout]
+    for host in resource_config(groups, "algo-1")["hosts"]:
+        config = resource_config(groups, host)
+        image = build_plan(make_env(resource_config=config, hyperparameters=hps))
+        sdk = build_plan(sdk_env(JOB, resource_config=config, hyperparameters=hps))
+        assert sdk.topology.worlds == image.topology.worlds, (layout, host)
+        assert sdk.topology.world == image.topology.world and sdk.once == image.once, host
+        assert sdk.topology.coordinator == image.topology.coordinator
