@@ -102,5 +102,6 @@ def parse(line: bytes) -> dict[str, Any]:
 
 
 def encode(message: Mapping[str, Any]) -> bytes:
-    """One message as its line (a MessageKind goes out as its plain string)."""
-    return (json.dumps(message) + "\n").encode()
+    """One message as its line (a MessageKind goes out as its plain string), compact: the size
+    the senders budget for (a straggler summary, diagnose/arrivals.encoded) is the size sent."""
+    return (json.dumps(message, separators=(",", ":")) + "\n").encode()

@@ -36,6 +36,7 @@ from container_entry.diagnose.stragglers import (
     RankArrivals,
     Table,
     analyse,
+    encoded,
     merge,
     shown,
     summarize,
@@ -143,8 +144,8 @@ class StragglerWatch:
             summaries.append(summary)
         if self.session.analyses:
             self.conclude([*summaries, *self._gathered()])
-        elif summaries:
-            self.session.post_arrivals(summaries)
+        elif sent := _fitted(summaries):
+            self.session.post_arrivals(sent)
 
     def _gathered(self) -> list[RankArrivals]:
         """The other hosts' summaries of this moment: they sample at it too, and send theirs
@@ -193,6 +194,18 @@ class StragglerWatch:
             temporary.replace(path)
         except OSError as error:
             log(f"cannot write {path}: {error.strerror}")
+
+
+def _fitted(summaries: list[RankArrivals]) -> list[RankArrivals]:
+    """The summaries that say something, as many as one side-channel line holds (a host of
+    hundreds of ranks: each is cut to its share already, the rest waits for the next moment)."""
+    kept, size = [], ENVELOPE
+    for summary in summaries:
+        length = len(encoded(summary)) + 1  # and its comma: wire.encode is as compact
+        if summary.groups and size + length <= LINE_LIMIT:
+            kept.append(summary)
+            size += length
+    return kept
 
 
 def _read(path: Path, *, remove: bool) -> dict[str, Any] | None:

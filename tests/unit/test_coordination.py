@@ -1376,7 +1376,7 @@ def test_message_kinds_are_their_wire_strings_and_each_direction_checks_its_own(
     from container_entry.hosts.messages import to_master, to_member
     from container_entry.hosts.wire import Invalid, MessageKind, encode
 
-    assert encode({"type": MessageKind.HELLO, "version": 1}) == b'{"type": "hello", "version": 1}\n'
+    assert encode({"type": MessageKind.HELLO, "version": 1}) == b'{"type":"hello","version":1}\n'
     assert {k.value for k in MessageKind} == {
         *("hello", "join", "welcome", "refused", "start", "beat", "failed", "abort", "first"),
         *("settled", "done", "records", "culprit", "arrivals"),

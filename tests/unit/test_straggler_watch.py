@@ -74,3 +74,23 @@ def test_off_for_a_flight_recorder_turned_off_and_the_moments_are_the_clocks():
         assert off_because({name: " 0"}) == f"{name}=0 (the ranks record no collectives)"
     assert next_moment(1000.0, 180.0) == 1080.0 and next_moment(1080.0, 180.0) == 1260.0
     assert next_moment(1079.9, 180.0) == 1080.0
+
+
+def test_a_host_of_many_ranks_sends_one_line_the_master_accepts():
+    """Each rank cut to its share, the ones that say nothing left out, and never a line over
+    the side channel's limit (a longer one would be the host's misbehaviour at the master)."""
+    from container_entry.hosts.wire import LINE_LIMIT, MessageKind, encode
+    from container_entry.supervise.straggler_watch import ENVELOPE, _fitted
+
+    records = [record(s, T0 + s * STEP) for s in range(1, 65)]
+    for ranks in (8, 96, 1000):
+        budget = (LINE_LIMIT - ENVELOPE) // ranks
+        found = [
+            summarize(r, r % 8, "algo-1", rank_dump(records, ranks), None, budget=budget)
+            for r in range(ranks)
+        ]
+        sent = _fitted(found)
+        line = encode({"type": MessageKind.ARRIVALS, "ranks": [s.to_json() for s in sent]})
+        assert len(line) <= LINE_LIMIT and all(s.groups for s in sent), ranks
+        # 1000 ranks on a host: 64 bytes each hold no collective, so that host sends nothing
+        assert len(sent) == (ranks if ranks <= 96 else 0), (ranks, len(sent))
