@@ -167,6 +167,10 @@ bench-liveness: venv ## N-host simulation of the real bootstrap (2-256 hosts): a
 bench-threads: venv ## CPU HF Trainer steps/s: OMP_NUM_THREADS default vs torchrun's 1 (~5 min) -> docs/thread-benchmark.md
 	$(PYTHON) -m scripts.bench.threads $(ARGS)
 
+.PHONY: bench-stragglers
+bench-stragglers: venv ## what the straggler watch costs: steps/s sampling off vs every 5 s (HF job, plain DDP loop), 2 workers here, no image (~10 min; ARGS=--rounds N --seconds S ...)
+	$(PYTHON) -m scripts.bench.stragglers $(ARGS)
+
 # The system python3: a bare GPU host has torch, NCCL and transformers but no .venv and no docker.
 gpu-check: ## on a GPU host, no docker: plan, DDP+preflight, HF, crash, OOM, hang, stop, flight-recorder fields, benchmark; one verdict line each (ARGS=--only ... --markdown FILE ...)
 	python3 -m scripts.gpu.check $(ARGS)
