@@ -53,11 +53,14 @@ __all__ = [
     "cost",
     "encoded",
     "merge",
+    "named",
     "on_master_clock",
     "shift",
     "shown",
+    "straggler_line",
     "summarize",
     "verdict",
+    "who",
 ]
 
 MIN_COLLECTIVES = 20  # fewer lined-up collectives in a group say nothing yet
@@ -276,27 +279,38 @@ def _consistent(row: Row, last_share: float, min_lag: float, min_wait: float) ->
     return row.last >= last_share and row.lag_median >= min_lag and row.waited >= min_wait
 
 
-def verdict(
+def named(
     table: Table,
     *,
     last_share: float = LAST_SHARE,
     min_lag: float = MIN_LAG,
     min_wait: float = MIN_WAIT,
-) -> list[str]:
-    """One line per group with a consistent straggler (a host whose ranks are all late before a
-    single rank of it); none for a balanced job."""
-    lines = []
+) -> list[tuple[GroupTable, Row]]:
+    """Per group with a consistent straggler, that group and its row (a host whose ranks are
+    all late together before a single rank of it); none for a balanced job."""
+    found = []
     for group in table.groups:
         hosts = [h for h in group.hosts if _consistent(h, last_share, min_lag, min_wait)]
         ranks = [r for r in group.ranks if _consistent(r, last_share, min_lag, min_wait)]
         for rows in (hosts, ranks):
             if rows:
-                lines.append(_line(group, max(rows, key=lambda r: r.waited)))
+                found.append((group, max(rows, key=lambda r: r.waited)))
                 break
-    return lines
+    return found
 
 
-def _line(group: GroupTable, row: Row) -> str:
+def verdict(table: Table, **thresholds: float) -> list[str]:
+    """One line per group with a consistent straggler (`named`); none for a balanced job."""
+    return [straggler_line(group, row) for group, row in named(table, **thresholds)]
+
+
+def who(row: Row) -> tuple[str, tuple[int, ...], int | None]:
+    """Whom a row is about, whatever its figures: a straggler line is said again only when
+    this changes."""
+    return row.host, row.ranks, row.local_rank
+
+
+def straggler_line(group: GroupTable, row: Row) -> str:
     where = f"{group_name(group.name, group.desc)}'s collectives"
     late = f"{_ms(row.lag_median)} after the first rank"
     share = f"last on {row.last:.0%} of {group.collectives} collectives"

@@ -38,9 +38,12 @@ from container_entry.diagnose.stragglers import (
     analyse,
     encoded,
     merge,
+    named,
     shown,
+    straggler_line,
     summarize,
     verdict,
+    who,
 )
 from container_entry.hosts.session import Session
 from container_entry.hosts.wire import LINE_LIMIT
@@ -89,7 +92,8 @@ class StragglerWatch:
         self.held: dict[int, RankArrivals] = {}  # the master's, per rank, on its clock
         self.through: dict[str, int] = {}  # per group: the newest collective analysed
         self.latest: dict[str, GroupTable] = {}  # per group: its last analysed figures
-        self.named: dict[str, str] = {}  # per group: the straggler line last printed
+        self.named: dict[str, str] = {}  # per group: its straggler line, latest figures
+        self.subjects: dict[str, tuple[Any, ...] | None] = {}  # per group: whom it last named
         self._closed = threading.Event()
         self._busy = threading.Lock()  # held while a sample runs
         self._failed = False
@@ -172,11 +176,13 @@ class StragglerWatch:
                 continue
             self.through[group.name] = group.through
             self.latest[group.name] = group
-            lines = verdict(Table((group,)))
-            line = lines[0] if lines else ""
-            if line != self.named.get(group.name, ""):
+            found = named(Table((group,)))
+            line = straggler_line(*found[0]) if found else ""
+            subject = who(found[0][1]) if found else None
+            if subject != self.subjects.get(group.name):  # said when whom it names changes
                 log(line or f"straggler: none any more in group {group.name}")
-                self.named[group.name] = line
+                self.subjects[group.name] = subject
+            self.named[group.name] = line  # its latest figures, for the table and the end
         if self.latest:
             self._write(Table(tuple(self.latest.values())))
 

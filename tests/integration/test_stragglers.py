@@ -78,13 +78,17 @@ def test_a_slowed_rank_on_the_other_host_is_named_within_two_intervals(tmp_path,
     named = master.when("straggler: rank 3 (local 1) on algo-2 entered the default group")
     assert began is not None and named is not None, master.text()[-3000:]
     assert named - began <= 2 * INTERVAL + SLACK, (named - began, master.text()[-3000:])
-    (line,) = _lines(master.text())  # said once, as it does not change
-    assert "(median; p90 " in line and "last on 100% of " in line, line
+    # said again only if whom it names changes (tests/unit/test_straggler_watch.py): under load
+    # a window may fall short of the thresholds and say `none any more`, never another rank
+    line, *later = _lines(master.text())
+    assert "rank 3 (local 1) on algo-2" in line, line
+    assert all("rank 3 (local 1) on algo-2" in x or "none any more" in x for x in later), later
+    assert "(median; p90 " in line and " collectives; the other ranks spent " in line, line
     assert "of their time waiting for it" in line, line
     assert not _lines(other.text())  # the master says it
     rows = {r["ranks"][0]: r for g in _table(trees[0])["groups"] for r in g["ranks"]}
-    assert rows[3]["host"] == "algo-2" and rows[3]["last"] >= 0.9 and rows[3]["waited"] > 0.2
-    assert rows[3]["lag_median"] > 0.05 and max(rows[r]["last"] for r in (0, 1, 2)) < 0.2
+    assert rows[3]["host"] == "algo-2" and rows[3]["last"] >= 0.75 and rows[3]["waited"] > 0.2
+    assert rows[3]["lag_median"] > 0.05 and max(rows[r]["last"] for r in (0, 1, 2)) < 0.25
     assert "straggler summary: rank 3 (local 1) on algo-2" in master.text()
 
 
