@@ -30,7 +30,6 @@ from container_entry.common.workers import Workers
 from container_entry.diagnose import flight_recorder
 from container_entry.diagnose.stacks import launches
 from container_entry.diagnose.stragglers import (
-    MIN_WAIT,
     RANK_BUDGET,
     GroupTable,
     RankArrivals,
@@ -42,7 +41,6 @@ from container_entry.diagnose.stragglers import (
     shown,
     straggler_line,
     summarize,
-    verdict,
     who,
 )
 from container_entry.hosts.session import Session
@@ -112,8 +110,8 @@ class StragglerWatch:
         """At the job's end: the master names a straggler that cost the job more than a few
         percent of its time."""
         self.close()
-        for group in self.latest.values():
-            for line in verdict(Table((group,)), min_wait=MIN_WAIT):
+        for line in self.named.values():  # each group's line on its latest figures
+            if line:
                 log(f"straggler summary: {line.removeprefix('straggler: ')}")
 
     def _loop(self) -> None:
