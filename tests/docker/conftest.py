@@ -6,6 +6,7 @@ import hashlib
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,16 @@ import pytest
 from tests.conftest import IMAGE, REPO, STANDIN, one_builder
 
 __all__ = ["IMAGE", "STANDIN"]
+
+
+def until(predicate, timeout: float) -> bool:
+    """Whether `predicate` came true within `timeout` seconds (polled every 0.5 s)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def pytest_collection_modifyitems(items):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from scripts.local.cluster import Cluster
-from tests.docker.conftest import REPO
+from tests.docker.conftest import REPO, until
 
 PROBE = REPO / "tests" / "scripts" / "group_probe.py"
 GUIDE = (("data", ("algo-2",)), ("train", ("algo-3", "algo-1")))
@@ -71,15 +71,6 @@ def status(job: Cluster) -> dict[str, str]:
 def started(job: Cluster, host: str) -> bool:
     logs = (job.tree(host) / "output/data/container-entry/logs").glob("rank-*.log")
     return any("started" in log.read_text() for log in logs)
-
-
-def until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return False
 
 
 def test_without_the_key_each_group_is_its_own_world_and_the_data_group_need_not_wait(

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from scripts.local.cluster import Cluster, HostResult
-from tests.docker.conftest import REPO
+from tests.docker.conftest import REPO, until
 
 SCRIPTS = REPO / "tests" / "scripts" / "self_launch"
 DEFAULT_PORT = {"tutorial.py": "12355"}  # each launcher's own default: torchrun's, accelerate's
@@ -77,7 +77,7 @@ def test_a_stop_on_two_hosts_reaches_every_worker_of_the_users_launcher(image, t
         def started() -> int:
             return sum(p.read_text().count("started rank") for p in logs if p.exists())
 
-        assert _until(lambda: started() == 4, 240), started()
+        assert until(lambda: started() == 4, 240), started()
         cluster.stop(timeout=120)
         results = cluster.wait(timeout=120)
     finally:
@@ -98,14 +98,3 @@ def test_a_crash_in_a_worker_on_one_host_is_the_jobs_first_failure_on_both(image
     line = lines.pop()
     assert line.startswith("torchrun.sh on algo-2 (once per host): exit code 1: "), line
     assert "worker rank 3 (local 1)" in line and "ValueError: planted failure on rank 3" in line
-
-
-def _until(predicate, timeout: float) -> bool:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.5)
-    return False
